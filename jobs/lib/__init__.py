@@ -1,0 +1,1 @@
+"""What every job shares: config loading, storage URIs, Ray start-up, metrics."""

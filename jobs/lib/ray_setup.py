@@ -1,0 +1,42 @@
+"""Ray start-up: join an existing cluster when one is present, else start a local one."""
+
+from __future__ import annotations
+
+import os
+
+from jobs.lib.config import Strict
+
+
+class RayConfig(Strict):
+    """Where the job's Ray runs. address=None: RAY_ADDRESS if set (ray job submit sets it),
+    else a new local cluster sized by num_cpus / num_gpus / object_store_mb."""
+
+    address: str | None = None
+    num_cpus: int | None = None
+    num_gpus: int | None = None
+    object_store_mb: int | None = None
+    log_to_driver: bool = True
+
+
+def init_ray(cfg: RayConfig) -> dict:
+    """Start or join Ray once per process; returns {'mode': 'joined'|'local', 'resources': {...}}."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():
+        return {"mode": "existing", "resources": ray.cluster_resources()}
+    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=cfg.log_to_driver)
+        mode = "joined"
+    else:
+        ray.init(
+            address="local",
+            num_cpus=cfg.num_cpus,
+            num_gpus=cfg.num_gpus,
+            object_store_memory=cfg.object_store_mb * 2**20 if cfg.object_store_mb else None,
+            include_dashboard=False,
+            log_to_driver=cfg.log_to_driver,
+        )
+        mode = "local"
+    return {"mode": mode, "resources": ray.cluster_resources()}

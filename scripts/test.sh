@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The README's test command: create .venv if missing, install the project + test extra, run pytest.
+#   bash scripts/test.sh                 # everything CI runs
+#   bash scripts/test.sh -m "not slow"   # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t0=$(date +%s)
+bash scripts/install.sh
+t1=$(date +%s)
+export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled SPEC_NO_PROGRESS=1
+export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# Persistent DeepSpeed JIT-op cache (its first build costs minutes).
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/spec_core/torch_extensions}"
+set +e
+.venv/bin/python -m pytest "$@"
+rc=$?
+set -e
+t2=$(date +%s)
+echo "test.sh: install/check $((t1 - t0))s, pytest $((t2 - t1))s, exit $rc"
+exit $rc

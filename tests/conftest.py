@@ -1,0 +1,66 @@
+"""Shared fixtures: an S3-compatible server on 127.0.0.1 (moto) and one local Ray per module."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3 server on loopback; yields its endpoint URL. Credentials are dummies, set in the
+    environment so that Ray workers started later inherit them too."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def s3_bucket(s3_server, request):
+    """A fresh bucket per test; yields 's3://<bucket>'."""
+    import boto3
+
+    name = "t-" + request.node.name.lower().replace("_", "-").replace("[", "-").replace("]", "")[:40]
+    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
+    return f"s3://{name}"
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One small in-process Ray cluster per test module."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=256 * 2**20)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    ray.shutdown()

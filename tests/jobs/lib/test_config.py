@@ -1,0 +1,93 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.lib.config import ConfigError, Strict, apply_override, config_hash, load_config, parse_override
+from jobs.lib.job import JobConfig
+from tests.conftest import REPO
+
+
+class Inner(Strict):
+    lr: float = 1e-3
+    steps: int = 10
+
+
+class Root(JobConfig):
+    train: Inner = Inner()
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_yaml_and_overrides(tmp_path):
+    p = write(tmp_path, "train:\n  lr: 0.1\n")
+    cfg = load_config(Root, p, ["train.steps=7", "run.output_uri=s3://b/x"])
+    assert cfg.train.lr == 0.1 and cfg.train.steps == 7 and cfg.run.output_uri == "s3://b/x"
+
+
+def test_typo_names_field_and_file(tmp_path):
+    p = write(tmp_path, "train:\n  lrr: 0.1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(Root, p)
+    msg = str(e.value)
+    assert "train.lrr" in msg and str(p) in msg and "\n" not in msg
+
+
+def test_wrong_type_names_field(tmp_path):
+    p = write(tmp_path, "train:\n  steps: many\n")
+    with pytest.raises(ConfigError, match=r"invalid value 'train.steps'"):
+        load_config(Root, p)
+
+
+def test_override_typo_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="train.stepz"):
+        load_config(Root, None, ["train.stepz=3"])
+
+
+def test_override_parsing():
+    assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
+    assert parse_override("a=null") == (["a"], None)
+    assert parse_override("a=s3://x/y") == (["a"], "s3://x/y")
+    with pytest.raises(ConfigError):
+        parse_override("novalue")
+    d = {"a": 1}
+    with pytest.raises(ConfigError, match="not a section"):
+        apply_override(d, ["a", "b"], 2)
+
+
+def test_hash_and_run_id_are_stable():
+    a, b = Root(), Root(train=Inner(lr=0.5))
+    assert config_hash(a) == config_hash(Root()) != config_hash(b)
+    # where outputs go does not change the run id, what the run does does
+    moved = Root(run={"output_uri": "s3://elsewhere"})
+    assert moved.resolved_run_id() == a.resolved_run_id() != b.resolved_run_id()
+    assert Root(run={"run_id": "mine"}).run_dir("j").endswith("j/mine")
+
+
+def test_secrets_never_serialised():
+    cfg = Root(storage={"access_key_id": "AKIAXXX", "secret_access_key": "hunter2"})
+    dumped = str(cfg.model_dump(mode="json"))
+    assert "hunter2" not in dumped and "AKIAXXX" not in dumped
+
+
+JOBS = sorted(p.stem for p in (Path(REPO) / "jobs").glob("*.py") if p.stem != "__init__")
+
+
+def test_every_job_is_covered():
+    assert "synth_data" in JOBS
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_job_cli_exits_2_on_typo(tmp_path, job):
+    p = write(tmp_path, "run:\n  output_urii: x\n")
+    r = subprocess.run([sys.executable, f"jobs/{job}.py", "--config", str(p)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "run.output_urii" in lines[0] and str(p) in lines[0]
+    assert "ray" not in r.stdout.lower()  # failed before any Ray work
