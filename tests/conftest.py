@@ -60,6 +60,7 @@ def ray_local():
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1",
              object_store_memory=256 * 2**20)
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray

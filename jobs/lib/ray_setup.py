@@ -36,6 +36,7 @@ def init_ray(cfg: RayConfig) -> dict:
             num_gpus=cfg.num_gpus,
             object_store_memory=cfg.object_store_mb * 2**20 if cfg.object_store_mb else None,
             include_dashboard=False,
+            _node_ip_address="127.0.0.1",  # a local cluster talks over loopback only
             log_to_driver=cfg.log_to_driver,
         )
         mode = "local"

@@ -64,10 +64,15 @@ def _s3_kwargs(cfg: StorageConfig) -> dict:
         kwargs["endpoint_url"] = endpoint
     if region:
         client["region_name"] = region
-    if cfg.access_key_id is not None:
-        kwargs["key"] = cfg.access_key_id.get_secret_value()
-    if cfg.secret_access_key is not None:
-        kwargs["secret"] = cfg.secret_access_key.get_secret_value()
+    # Static keys are resolved here, on the driver, so that Ray workers on nodes without the
+    # variables can still write; without any, botocore's own chain (instance roles...) applies.
+    key = cfg.access_key_id.get_secret_value() if cfg.access_key_id else env.get("AWS_ACCESS_KEY_ID")
+    secret = (cfg.secret_access_key.get_secret_value() if cfg.secret_access_key
+              else env.get("AWS_SECRET_ACCESS_KEY"))
+    if key and secret:
+        kwargs["key"], kwargs["secret"] = key, secret
+        if env.get("AWS_SESSION_TOKEN") and not cfg.access_key_id:
+            kwargs["token"] = env["AWS_SESSION_TOKEN"]
     if client:
         kwargs["client_kwargs"] = client
     return kwargs
