@@ -1,0 +1,99 @@
+"""Encode reference samples for the target VLM: chat template, `<image>` expanded to one
+placeholder per image feature (as LlavaProcessor does), labels only on assistant spans.
+
+Shapes: B batch, T positions, C=3, H=W image size.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import PreTrainedTokenizerFast
+
+from spec_core.reference.vlm.model import pixels
+
+IGNORE = -100
+
+
+def expand_image_tokens(ids: list[int], image_id: int, n: int) -> list[int]:
+    """Replace each single `<image>` id by n copies (one per projected visual token)."""
+    out: list[int] = []
+    for i in ids:
+        out.extend([image_id] * n if i == image_id else [i])
+    return out
+
+
+def encode_conversation(tok: PreTrainedTokenizerFast, conversation: list[dict], n_patches: int,
+                        ) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) of a whole conversation; labels are IGNORE outside assistant spans."""
+    out = tok.apply_chat_template(conversation, tokenize=True, return_dict=True,
+                                  return_assistant_tokens_mask=True)
+    image_id = tok.convert_tokens_to_ids("<image>")
+    ids, mask = out["input_ids"], out["assistant_masks"]
+    labels = [t if m else IGNORE for t, m in zip(ids, mask)]
+    ids_x, labels_x = [], []
+    for t, lab in zip(ids, labels):
+        reps = n_patches if t == image_id else 1
+        ids_x.extend([t] * reps)
+        labels_x.extend([lab] * reps)
+    return ids_x, labels_x
+
+
+def encode_prompt(tok: PreTrainedTokenizerFast, turns: list[dict], n_patches: int) -> list[int]:
+    """Prompt ids for generation: the conversation so far plus the assistant header."""
+    ids = tok.apply_chat_template(turns, tokenize=True, add_generation_prompt=True,
+                                  return_dict=True)["input_ids"]
+    return expand_image_tokens(ids, tok.convert_tokens_to_ids("<image>"), n_patches)
+
+
+def decode_png(data: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad for batched generation -> (input_ids_BT, attention_mask_BT)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, width - len(s):] = torch.tensor(s)
+        mask[b, width - len(s):] = 1
+    return ids, mask
+
+
+@dataclass
+class TaskPool:
+    """Pre-encoded training examples, batched by task so that padding stays small."""
+
+    pixel_values: torch.Tensor            # (N, C, H, W), one image per sample
+    examples: dict[str, list[tuple[int, list[int], list[int]]]]  # task -> (sample, ids, labels)
+    pad_id: int
+
+    @classmethod
+    def build(cls, samples: list[dict], tok: PreTrainedTokenizerFast, n_patches: int) -> "TaskPool":
+        pv = pixels([decode_png(s["image_png"]) for s in samples])
+        ex: dict[str, list] = {}
+        for i, s in enumerate(samples):
+            ids, labels = encode_conversation(tok, list(s["conversation"]), n_patches)
+            ex.setdefault(s["task"], []).append((i, ids, labels))
+        return cls(pv, ex, tok.pad_token_id)
+
+    def batch(self, task: str, size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        """A random right-padded training batch of one task."""
+        pool = self.examples[task]
+        picks = [pool[j] for j in rng.integers(0, len(pool), size)]
+        width = max(len(ids) for _, ids, _ in picks)
+        ids_BT = torch.full((size, width), self.pad_id, dtype=torch.long)
+        labels_BT = torch.full((size, width), IGNORE, dtype=torch.long)
+        mask_BT = torch.zeros((size, width), dtype=torch.long)
+        for b, (_, ids, labels) in enumerate(picks):
+            ids_BT[b, : len(ids)] = torch.tensor(ids)
+            labels_BT[b, : len(ids)] = torch.tensor(labels)
+            mask_BT[b, : len(ids)] = 1
+        images = torch.tensor([i for i, _, _ in picks])
+        return {"input_ids": ids_BT, "attention_mask": mask_BT, "labels": labels_BT,
+                "pixel_values": self.pixel_values[images]}

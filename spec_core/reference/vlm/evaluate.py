@@ -1,0 +1,130 @@
+"""Quality of the reference VLM on held-out samples: greedy `generate` exact match per task,
+caption grounding, image dependence (swap the image, does the answer change?), answer lengths,
+and the per-call cost of the target against a one-block drafter step.
+
+Shapes: B batch, T positions, D hidden, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import defaultdict
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, LlavaForConditionalGeneration, PreTrainedTokenizerFast
+
+from spec_core.reference.vlm.data import decode_png, encode_prompt, pad_left
+from spec_core.reference.vlm.model import pixels
+from spec_core.reference.vocab import COLOURS, SHAPES, SIZES
+
+MAX_NEW = {"captioning": 200, "reasoning": 260}
+SHORT_TASKS = ("general_vqa", "text_vqa", "chart_vqa", "multi_turn")
+# tasks whose correct answer differs between two random scenes almost surely
+SWAP_TASKS = ("captioning", "text_vqa")
+_MENTION = re.compile(r"\b(%s) (%s) (%s)\b" % ("|".join(SIZES), "|".join(COLOURS), "|".join(SHAPES)))
+
+
+@torch.no_grad()
+def generate_turns(model: LlavaForConditionalGeneration, tok: PreTrainedTokenizerFast,
+                   samples: list[dict], batch: int = 16, swap: int = 0) -> list[list[str]]:
+    """Greedy answer of every assistant turn (history = the reference turns before it).
+    swap=k feeds each sample the image of the sample k places later (image dependence)."""
+    n_patches = model.config.image_seq_length
+    jobs = []  # (sample index, turn index, prompt ids, task)
+    for i, s in enumerate(samples):
+        conv = list(s["conversation"])
+        for t in range(len(conv) // 2):
+            jobs.append((i, t, encode_prompt(tok, conv[: 2 * t + 1], n_patches), s["task"]))
+    images = pixels([decode_png(s["image_png"]) for s in samples])
+    out: list[list[str]] = [[""] * (len(s["conversation"]) // 2) for s in samples]
+    jobs.sort(key=lambda j: (MAX_NEW.get(j[3], 48), len(j[2])))
+    for b in range(0, len(jobs), batch):
+        chunk = jobs[b: b + batch]
+        ids_BT, mask_BT = pad_left([j[2] for j in chunk], tok.pad_token_id)
+        img = torch.tensor([(j[0] + swap) % len(samples) for j in chunk])
+        gen = model.generate(input_ids=ids_BT, attention_mask=mask_BT, pixel_values=images[img],
+                             max_new_tokens=max(MAX_NEW.get(j[3], 48) for j in chunk), do_sample=False)
+        for j, row in zip(chunk, gen[:, ids_BT.shape[1]:]):
+            out[j[0]][j[1]] = tok.decode(row, skip_special_tokens=True).strip()
+    return out
+
+
+def caption_grounding(caption: str, scene: dict) -> tuple[int, int, int]:
+    """(mentions, grounded mentions, scene objects mentioned) for one caption."""
+    present = {(o["size"], o["colour"], o["shape"]) for o in scene["objects"]}
+    mentions = _MENTION.findall(caption)
+    grounded = sum(m in present for m in mentions)
+    return len(mentions), grounded, len(present & set(mentions))
+
+
+def quality(model: LlavaForConditionalGeneration, tok: PreTrainedTokenizerFast,
+            samples: list[dict], batch: int = 16) -> dict[str, float]:
+    """Exact match per task, caption grounding, image dependence and answer lengths."""
+    by_task = defaultdict(list)
+    for s in samples:
+        by_task[s["task"]].append(s)
+    m: dict[str, float] = {}
+    for task, group in sorted(by_task.items()):
+        answers = generate_turns(model, tok, group, batch)
+        refs = [list(s["answers"]) for s in group]
+        pairs = [(a, r) for aa, rr in zip(answers, refs) for a, r in zip(aa, rr)]
+        m[f"exact_match_{task}"] = round(sum(a == r for a, r in pairs) / len(pairs), 4)
+        lengths = [len(tok(a, add_special_tokens=False)["input_ids"]) for a, _ in pairs]
+        m[f"answer_tokens_{task}"] = round(sum(lengths) / len(lengths), 1)
+        if task == "captioning":
+            g = [caption_grounding(a[0], json.loads(s["scene_json"])) for a, s in zip(answers, group)]
+            m["caption_grounded"] = round(sum(x[1] for x in g) / max(sum(x[0] for x in g), 1), 4)
+            m["caption_recall"] = round(sum(x[2] for x in g) / max(
+                sum(len(json.loads(s["scene_json"])["objects"]) for s in group), 1), 4)
+        if len(group) > 1:
+            swapped = generate_turns(model, tok, group, batch, swap=1)
+            first = [(a[0], b[0]) for a, b in zip(answers, swapped)]
+            m[f"image_dependence_{task}"] = round(sum(a != b for a, b in first) / len(first), 4)
+    dep = [m[f"image_dependence_{t}"] for t in SWAP_TASKS if f"image_dependence_{t}" in m]
+    if dep:
+        m["image_dependence"] = round(sum(dep) / len(dep), 4)
+    return m
+
+
+def _step_ms(fn, reps: int) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
+@torch.no_grad()
+def call_cost(model: LlavaForConditionalGeneration, prompt_len: int = 120, reps: int = 30) -> dict:
+    """Per-call latency of a cached one-token target step vs a one-block drafter-like step
+    (fc over [embedding; feature] + one decoder layer of the target's type + the LM head)."""
+    text: LlamaConfig = model.config.text_config
+    lm = model.model.language_model
+    ids_BT = torch.randint(0, text.vocab_size, (1, prompt_len))
+    past = lm(input_ids=ids_BT, use_cache=True).past_key_values
+    nxt = torch.randint(0, text.vocab_size, (1, 1))
+
+    def target_step():
+        h = lm(input_ids=nxt, past_key_values=past, use_cache=True)
+        model.lm_head(h.last_hidden_state)
+        past.crop(-1)  # drop the step just appended
+
+    dcfg = LlamaConfig(**{**text.to_dict(), "num_hidden_layers": 1})
+    drafter = LlamaForCausalLM(dcfg).eval()
+    fc = torch.nn.Linear(2 * text.hidden_size, text.hidden_size)
+    feats_BTD = torch.randn(1, prompt_len, text.hidden_size)
+    emb = model.get_input_embeddings()
+    dpast = drafter(inputs_embeds=fc(torch.cat([emb(ids_BT), feats_BTD], -1)), use_cache=True).past_key_values
+    feat_B1D = torch.randn(1, 1, text.hidden_size)
+
+    def drafter_step():
+        x = fc(torch.cat([emb(nxt), feat_B1D], -1))  # (B,1,2D) -> (B,1,D)
+        h = drafter.model(inputs_embeds=x, past_key_values=dpast, use_cache=True).last_hidden_state
+        model.lm_head(h)
+        dpast.crop(-1)  # drop the step just appended
+
+    t_ms, d_ms = _step_ms(target_step, reps), _step_ms(drafter_step, reps)
+    return {"target_step_ms": round(t_ms, 3), "drafter_1block_step_ms": round(d_ms, 3),
+            "target_over_drafter": round(t_ms / d_ms, 2)}

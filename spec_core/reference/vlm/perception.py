@@ -1,0 +1,114 @@
+"""Stage 1 of the reference VLM: teach the CLIP tower to see, with dense per-patch supervision.
+
+A tiny LLaVA trained end to end sits on a language-prior plateau (answers ignore the image; see
+shared/CALIBRATION.md). So the tower is first trained on exactly the features LLaVA reads
+(`hidden_states[-1][:, 1:]`, the patch tokens of the last layer): linear heads on every patch
+predict the object colour / shape / size / grid cell, the sign letter and word, and the chart bar
+and its value; pooled heads predict the object count and the number of bars.
+
+Shapes: B batch, P patches, D vision hidden, K classes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import CLIPVisionModel
+
+from spec_core.reference.drawing import patch_labels, render
+from spec_core.reference.scenes import sample_scene
+from spec_core.reference.vocab import COLOURS, SHAPES, WORDS
+from spec_core.reference.vlm.model import pixels
+
+IGNORE = -100
+# label name -> number of classes (per-patch heads)
+PATCH_HEADS = {"colour": len(COLOURS) + 1, "shape": len(SHAPES) + 1, "size": 3, "cell": 9,
+               "char": 27, "word": len(WORDS), "bar": 7, "bar_value": 10}
+IMAGE_HEADS = {"count": 6, "n_bars": 7}
+
+
+def scene_batch(rng: np.random.Generator, n: int, size: int, patch: int,
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """n random scenes (60% objects, 40% of those with a sign; 25% charts) -> pixels + labels."""
+    images, labels = [], {k: [] for k in (*PATCH_HEADS, *IMAGE_HEADS)}
+    for _ in range(n):
+        kind = "chart" if rng.random() < 0.25 else "objects"
+        scene = sample_scene(rng, kind, with_sign_prob=0.4)
+        images.append(render(scene, size))
+        lab = patch_labels(scene, size, patch)
+        # every letter patch of the sign also names the whole word (OCR at the patch LLaVA reads)
+        lab["word"] = np.where(lab["char"] > 0, lab["word"], IGNORE)
+        lab["bar_value"] = np.where(lab["bar"] > 0, lab["bar_value"], IGNORE)
+        for k in labels:
+            labels[k].append(lab[k])
+    return pixels(images), {k: torch.as_tensor(np.stack(v)) for k, v in labels.items()}
+
+
+class PerceptionHeads(nn.Module):
+    """Linear probes on patch features (and on their mean for image-level labels)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.patch = nn.ModuleDict({k: nn.Linear(dim, c) for k, c in PATCH_HEADS.items()})
+        self.image = nn.ModuleDict({k: nn.Linear(dim, c) for k, c in IMAGE_HEADS.items()})
+
+    def loss(self, feats_BPD: torch.Tensor, labels: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        total, acc = feats_BPD.new_zeros(()), {}
+        for k, head in self.patch.items():
+            logits_BPK = head(feats_BPD)
+            y = labels[k]
+            total = total + F.cross_entropy(logits_BPK.flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+            valid = y != IGNORE
+            acc[k] = ((logits_BPK.argmax(-1) == y) & valid).sum().item() / max(valid.sum().item(), 1)
+        pooled_BD = feats_BPD.mean(1)
+        for k, head in self.image.items():
+            logits = head(pooled_BD)
+            total = total + F.cross_entropy(logits, labels[k])
+            acc[k] = (logits.argmax(-1) == labels[k]).float().mean().item()
+        return total, acc
+
+
+def patch_features(tower: CLIPVisionModel, pixel_values_BCHW: torch.Tensor) -> torch.Tensor:
+    """What LLaVA reads with vision_feature_layer=-1, strategy 'default': last layer, CLS dropped."""
+    out = tower(pixel_values=pixel_values_BCHW, output_hidden_states=True)
+    return out.hidden_states[-1][:, 1:]  # (B, 1+P, D) -> (B, P, D)
+
+
+def train_perception(tower: CLIPVisionModel, steps: int, batch: int, lr: float, seed: int,
+                     pool: int = 4096, log: Callable[[str], None] | None = None,
+                     progress: Callable | None = None) -> dict[str, float]:
+    """Train the tower in place; returns held-out per-head accuracy."""
+    cfg = tower.config
+    rng = np.random.default_rng([seed, 101])
+    torch.manual_seed(seed)
+    n_pool = min(pool, steps * batch)
+    px, labels = scene_batch(rng, n_pool, cfg.image_size, cfg.patch_size)
+    heads = PerceptionHeads(cfg.hidden_size)
+    params = list(tower.parameters()) + list(heads.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    tower.train()
+    it = progress(range(steps), total=steps, desc="vision stage 1") if progress else range(steps)
+    t0 = time.perf_counter()
+    for step in it:
+        idx = torch.as_tensor(rng.integers(0, n_pool, batch))
+        loss, _ = heads.loss(patch_features(tower, px[idx]), {k: v[idx] for k, v in labels.items()})
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if log and (step % 100 == 0 or step == steps - 1):
+            log(f"vision step {step} loss {loss.item():.3f}")
+    tower.eval()
+    test_px, test_labels = scene_batch(np.random.default_rng([seed, 202]), 256, cfg.image_size, cfg.patch_size)
+    with torch.no_grad():
+        _, acc = heads.loss(patch_features(tower, test_px), test_labels)
+    acc = {f"vision_acc_{k}": round(v, 4) for k, v in acc.items()}
+    acc["vision_train_seconds"] = round(time.perf_counter() - t0, 1)
+    return acc
