@@ -80,7 +80,7 @@ def patch_features(tower: CLIPVisionModel, pixel_values_BCHW: torch.Tensor) -> t
 
 
 def train_perception(tower: CLIPVisionModel, steps: int, batch: int, lr: float, seed: int,
-                     pool: int = 4096, log: Callable[[str], None] | None = None,
+                     pool: int = 8192, log: Callable[[str], None] | None = None,
                      progress: Callable | None = None) -> dict[str, float]:
     """Train the tower in place; returns held-out per-head accuracy."""
     cfg = tower.config
@@ -106,7 +106,8 @@ def train_perception(tower: CLIPVisionModel, steps: int, batch: int, lr: float, 
         if log and (step % 100 == 0 or step == steps - 1):
             log(f"vision step {step} loss {loss.item():.3f}")
     tower.eval()
-    test_px, test_labels = scene_batch(np.random.default_rng([seed, 202]), 256, cfg.image_size, cfg.patch_size)
+    n_test = min(256, max(32, n_pool))
+    test_px, test_labels = scene_batch(np.random.default_rng([seed, 202]), n_test, cfg.image_size, cfg.patch_size)
     with torch.no_grad():
         _, acc = heads.loss(patch_features(tower, test_px), test_labels)
     acc = {f"vision_acc_{k}": round(v, 4) for k, v in acc.items()}

@@ -19,10 +19,10 @@ from spec_core.reference.vlm.data import IGNORE, TaskPool
 class VLMTrainConfig:
     """Both training stages of the reference VLM."""
 
-    vision_steps: int = 1500
+    vision_steps: int = 2000
     vision_batch: int = 32
     vision_lr: float = 2e-3
-    steps: int = 2000
+    steps: int = 1800
     batch: int = 16
     lr: float = 1e-3
     warmup: int = 100

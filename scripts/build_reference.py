@@ -1,0 +1,158 @@
+"""Build the reference world: synthetic six-task data, the target VLM and the AR image/video
+generator, trained on CPU and saved in Hugging Face formats, with a quality report.
+
+    python scripts/build_reference.py --size tiny  --out /tmp/ref-tiny
+    python scripts/build_reference.py --size small --out runs/reference/small   # or s3://...
+
+Cached by content hash (the code of spec_core/reference, this script, size and seed): when
+<out>/BUILD.json already holds the same hash, nothing is done. BUILD.json is written last, so an
+interrupted build is rebuilt on the next call.
+
+Layout of <out>: data/{train,eval}.parquet, target/ (LLaVA + processor), generator/ (codec,
+image_lm, video_lm), metrics.json, report.md, BUILD.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
+
+EVAL_PER_TASK = {"tiny": 2, "small": 100}      # the benchmark split (MMSpec: 100 per subtask)
+QUALITY_PER_TASK = {"tiny": 2, "small": 50}    # of which this many are scored by the build
+
+
+def content_hash(size: str, seed: int) -> str:
+    """What the build depends on: reference-world code, this script, size, seed, torch version."""
+    import torch
+
+    h = hashlib.sha256(f"{size}|{seed}|torch {torch.__version__}".encode())
+    files = sorted((REPO / "spec_core" / "reference").rglob("*.py")) + [Path(__file__).resolve()]
+    for p in files:
+        h.update(str(p.relative_to(REPO)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def is_cached(store: Storage, out: str, digest: str) -> bool:
+    marker = join(out, "BUILD.json")
+    return store.exists(marker) and json.loads(store.read_text(marker)).get("hash") == digest
+
+
+def write_data(stage: Path, size: str, seed: int, train: list[dict]) -> dict:
+    """data/train.parquet (the target's training samples) and data/eval.parquet (held out)."""
+    import pyarrow.parquet as pq
+
+    from jobs.lib.records import samples_table
+    from spec_core.reference import TASKS, make_split
+
+    evals = [s for t in TASKS for s in make_split(t, EVAL_PER_TASK[size], seed, "eval")]
+    (stage / "data").mkdir(parents=True, exist_ok=True)
+    pq.write_table(samples_table(train), stage / "data" / "train.parquet")
+    pq.write_table(samples_table(evals), stage / "data" / "eval.parquet")
+    return {"train_samples": len(train), "eval_samples": len(evals), "_eval": evals}
+
+
+def quality_subset(evals: list[dict], size: str) -> list[dict]:
+    per, seen, out = QUALITY_PER_TASK[size], {}, []
+    for s in evals:
+        if seen.get(s["task"], 0) < per:
+            seen[s["task"]] = seen.get(s["task"], 0) + 1
+            out.append(s)
+    return out
+
+
+def build(size: str, seed: int, stage: Path) -> dict:
+    """Everything into a local staging folder; returns the metrics."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from spec_core.reference.generator.build import GeneratorBuildConfig, build_generator, evaluate_generator
+    from spec_core.reference.vlm.build import build_target, evaluate_target, train_samples
+
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    log = tqdm.write
+    metrics: dict = {"size": size, "seed": seed}
+    stages: dict[str, float] = {}
+    t = time.perf_counter()
+    train = train_samples(size, seed)
+    data = write_data(stage, size, seed, train)
+    evals = data.pop("_eval")
+    metrics.update(data)
+    stages["data"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    metrics.update(build_target(size, str(stage / "target"), seed, train, log=log, progress=tqdm))
+    stages["target"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    gcfg = GeneratorBuildConfig.preset(size)
+    metrics.update(build_generator(gcfg, str(stage / "generator"), progress=True))
+    stages["generator"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    log("evaluating the target on held-out samples ...")
+    metrics.update(evaluate_target(str(stage / "target"), quality_subset(evals, size)))
+    log("evaluating the generator ...")
+    metrics.update(evaluate_generator(str(stage / "generator"), gcfg))
+    stages["evaluate"] = time.perf_counter() - t
+    metrics["stage_seconds"] = {k: round(v, 1) for k, v in stages.items()}
+    metrics["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+    return metrics
+
+
+def upload(store: Storage, stage: Path, out: str) -> list[str]:
+    files = sorted(p for p in stage.rglob("*") if p.is_file())
+    for p in files:
+        store.write_bytes(join(out, *p.relative_to(stage).parts), p.read_bytes())
+    return [str(p.relative_to(stage)) for p in files]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from spec_core.reference.report import render_report
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=["tiny", "small"], required=True)
+    ap.add_argument("--out", required=True, help="storage URI (local path or s3://...)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--force", action="store_true", help="rebuild even when the cache matches")
+    args = ap.parse_args(argv)
+    store, digest = Storage(), content_hash(args.size, args.seed)
+    if not args.force and is_cached(store, args.out, digest):
+        print(f"reference world '{args.size}' is up to date at {args.out} (hash {digest}): nothing to do")
+        return json.loads(store.read_text(join(args.out, "metrics.json")))
+    t0 = time.perf_counter()
+    local_parent = args.out if scheme_of(args.out) == "file" and "://" not in args.out else None
+    if local_parent:
+        Path(local_parent).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="refbuild-") as tmp:
+        stage = Path(tmp)
+        metrics = build(args.size, args.seed, stage)
+        metrics["build_seconds"] = round(time.perf_counter() - t0, 1)
+        metrics["hash"] = digest
+        (stage / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        (stage / "report.md").write_text(render_report(metrics))
+        store.delete(join(args.out, "BUILD.json"))
+        files = upload(store, stage, args.out)
+    build_info = {"hash": digest, "size": args.size, "seed": args.seed, "files": files,
+                  "created_utc": datetime.now(timezone.utc).isoformat()}
+    store.write_text(join(args.out, "BUILD.json"), json.dumps(build_info, indent=2))
+    print(f"reference world '{args.size}' built in {metrics['build_seconds']:.0f}s -> {args.out}")
+    print(render_report(metrics))
+    return metrics
+
+
+if __name__ == "__main__":
+    main()

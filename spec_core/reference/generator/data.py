@@ -1,0 +1,82 @@
+"""Seeded, on-the-fly examples for the generator: (prompt, textured image) and (prompt, video)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+from PIL import Image
+
+from spec_core.reference.drawing import render, render_video
+from spec_core.reference.scenes import (Scene, cell_of, describe_for_generation, describe_motion,
+                                        half_extent, move_objects, sample_scene,
+                                        sample_velocities)
+
+
+@dataclass(frozen=True)
+class SceneSpec:
+    """What scenes the generator is trained on and how they are rendered."""
+
+    image_size: int = 32
+    frame_size: int = 16
+    n_frames: int = 8
+    texture: float = 0.6
+    chart_prob: float = 0.0
+    sign_prob: float = 0.0
+    n_objects: tuple[int, int] = (1, 3)
+
+
+def sample_image_scene(rng: np.random.Generator, spec: SceneSpec) -> Scene:
+    """One scene for image generation (objects or, with chart_prob, a bar chart)."""
+    kind = "chart" if rng.random() < spec.chart_prob else "objects"
+    return sample_scene(rng, kind, with_sign_prob=spec.sign_prob, n_objects=spec.n_objects)
+
+
+def image_example(rng: np.random.Generator, spec: SceneSpec) -> tuple[str, Image.Image, Scene]:
+    """(prompt, textured image, scene) drawn from `rng`."""
+    scene = sample_image_scene(rng, spec)
+    image = render(scene, spec.image_size, texture=spec.texture, rng=rng)
+    return describe_for_generation(scene), image, scene
+
+
+def sample_video_start(rng: np.random.Generator) -> tuple[Scene, list[tuple[float, float]]]:
+    """Start scene + velocities, as `sample_motion` draws them (render_video needs both)."""
+    base = sample_scene(rng, "objects", with_sign_prob=0.0, n_objects=(1, 3))
+    objs = []
+    for obj in base.objects:
+        h = half_extent(obj)
+        xy = (float(rng.uniform(h, 1 - h)), float(rng.uniform(h, 1 - h)))
+        objs.append(replace(obj, xy=xy, cell=cell_of(xy)))
+    return replace(base, objects=tuple(objs)), sample_velocities(rng, len(objs))
+
+
+def video_example(rng: np.random.Generator,
+                  spec: SceneSpec) -> tuple[str, list[Image.Image], list[Scene]]:
+    """(prompt, textured frames, frame scenes) drawn from `rng`."""
+    start, velocities = sample_video_start(rng)
+    frames = move_objects(start, velocities, spec.n_frames)
+    images = render_video(start, velocities, spec.n_frames, spec.frame_size,
+                          texture=spec.texture, rng=rng)
+    return describe_motion(frames), images, frames
+
+
+def largest_object_colour(scene: Scene) -> str | None:
+    """Colour of the unique largest object named in the prompt (None if there is a tie)."""
+    if scene.chart is not None:
+        return scene.chart.colour
+    large = [o for o in scene.objects if o.size == "large"]
+    pool = large if large else list(scene.objects)
+    return pool[0].colour if len(pool) == 1 else None
+
+
+def heldout_prompts(seed: int, n: int, spec: SceneSpec) -> list[tuple[str, Scene, str]]:
+    """n held-out (prompt, scene, target colour) with a unique largest object, from a seed
+    stream disjoint from training."""
+    rng = np.random.default_rng([seed, 7_777_777])
+    out: list[tuple[str, Scene, str]] = []
+    while len(out) < n:
+        scene = sample_image_scene(rng, spec)
+        colour = largest_object_colour(scene)
+        if colour is not None:
+            out.append((describe_for_generation(scene), scene, colour))
+    return out

@@ -1,0 +1,210 @@
+"""Plain AR sampling: KV cache (DynamicCache), CFG in one doubled batch, mask, top-k/top-p."""
+
+# Shape legend: B rows (prompts x samples), G = 2B with CFG (cond rows then uncond rows) else B,
+# L prefix length (left-padded), V vocab, N sampled image tokens per row, F frames.
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from PIL import Image
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerFast
+
+from spec_core.reference.generator.layout import (SAMPLE, GeneratorLayout, encode_prompt,
+                                                  image_prefix, image_template, video_prefix,
+                                                  video_template)
+
+if TYPE_CHECKING:
+    from spec_core.reference.generator.bundle import GeneratorBundle
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the verified distribution is built: CFG scale, temperature, top-k (0 = off), top-p."""
+
+    temperature: float = 1.0
+    top_k: int = 100
+    top_p: float = 1.0
+    cfg_scale: float = 3.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (for generator_config.json)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SamplingConfig":
+        """Inverse of `to_dict`."""
+        return cls(float(d["temperature"]), int(d["top_k"]), float(d["top_p"]),
+                   float(d["cfg_scale"]))
+
+
+def processed_probs(logits_cond: torch.Tensor, logits_uncond: torch.Tensor | None,
+                    cfg_scale: float, temperature: float, top_k: int, top_p: float,
+                    allowed_mask: torch.Tensor | None) -> torch.Tensor:
+    """Raw logits (..., V) -> final sampling distribution (..., V): CFG uncond + s (cond - uncond)
+    on raw logits, structural mask, temperature (<= 0: greedy one-hot), top-k, top-p."""
+    logits = logits_cond.float()
+    if logits_uncond is not None and cfg_scale != 1.0:
+        u = logits_uncond.float()
+        logits = u + cfg_scale * (logits - u)
+    if allowed_mask is not None:
+        logits = logits.masked_fill(~allowed_mask.to(logits.device), float("-inf"))
+    if temperature <= 0:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly above each token
+        drop_sorted = before >= top_p
+        drop_sorted[..., 0] = False  # always keep the most likely token
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def entropy_nats(probs: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy (nats) over the last axis, 0 log 0 = 0."""
+    logp = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
+    return -(probs * logp).sum(-1)
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad id rows -> (ids_GL, attention_mask_GL)."""
+    width = max(len(r) for r in rows)
+    ids_GL = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask_GL = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids_GL[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask_GL[i, width - len(r):] = 1
+    return ids_GL, mask_GL
+
+
+def positions_from_mask(mask_GL: torch.Tensor) -> torch.Tensor:
+    """Position ids for a left-padded batch: 0 at each row's first real token."""
+    return (mask_GL.cumsum(-1) - 1).clamp(min=0)
+
+
+def prefix_rows(tokenizer: PreTrainedTokenizerFast, layout: GeneratorLayout, prompts: list[str],
+                video: bool, cfg: bool) -> list[list[int]]:
+    """Prefix ids per row: conditional rows, then (with cfg) the empty-prompt rows."""
+    make = video_prefix if video else image_prefix
+    rows = [make(layout, encode_prompt(tokenizer, p)) for p in prompts]
+    return rows + [make(layout, []) for _ in prompts] if cfg else rows
+
+
+@dataclass
+class SampleOutput:
+    """Sampled image codes (0..K-1) per row and the entropy of each step's distribution."""
+
+    codes_BN: torch.Tensor
+    entropy_BN: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+
+
+def _step_probs(logits_GV: torch.Tensor, n: int, sampling: SamplingConfig,
+                allowed_V: torch.Tensor) -> torch.Tensor:
+    cfg = sampling.cfg_scale != 1.0
+    uncond = logits_GV[n:] if cfg else None
+    return processed_probs(logits_GV[:n], uncond, sampling.cfg_scale, sampling.temperature,
+                           sampling.top_k, sampling.top_p, allowed_V)
+
+
+@torch.no_grad()
+def sample_tokens(model: PreTrainedModel, rows: list[list[int]], template: list[int],
+                  layout: GeneratorLayout, sampling: SamplingConfig,
+                  generator: torch.Generator) -> SampleOutput:
+    """AR-sample the SAMPLE slots of `template` after each prefix row with a DynamicCache.
+    With cfg_scale != 1, `rows` holds B conditional then B unconditional prefixes."""
+    cfg = sampling.cfg_scale != 1.0
+    n = len(rows) // 2 if cfg else len(rows)
+    ids_GL, mask_GL = left_pad(rows, layout.pad)
+    pos_G1 = positions_from_mask(mask_GL)[:, -1:]
+    cache = DynamicCache()
+    out = model(input_ids=ids_GL, attention_mask=mask_GL, position_ids=positions_from_mask(mask_GL),
+                cache=cache, use_cache=True, logits_to_keep=1)
+    allowed_V = layout.allowed_mask(out.logits.shape[-1])
+    last_sample = max(i for i, t in enumerate(template) if t == SAMPLE)
+    codes, ents = [], []
+    for i, slot in enumerate(template[:last_sample + 1]):
+        if slot == SAMPLE:
+            probs_BV = _step_probs(out.logits[:, -1], n, sampling, allowed_V)
+            tok_B = torch.multinomial(probs_BV, 1, generator=generator).squeeze(1)
+            codes.append(tok_B - layout.image_offset)
+            ents.append(entropy_nats(probs_BV))
+        else:
+            tok_B = torch.full((n,), slot, dtype=torch.long)
+        if i == last_sample:
+            break
+        tok_G1 = (torch.cat([tok_B, tok_B]) if cfg else tok_B)[:, None]
+        mask_GL = torch.cat([mask_GL, torch.ones_like(tok_G1)], dim=1)
+        pos_G1 = pos_G1 + 1
+        out = model(input_ids=tok_G1, attention_mask=mask_GL, position_ids=pos_G1,
+                    cache=cache, use_cache=True)
+    return SampleOutput(torch.stack(codes, 1), torch.stack(ents, 1))
+
+
+def _resolve(bundle: "GeneratorBundle", sampling: SamplingConfig | dict | None,
+             generator: torch.Generator | None) -> tuple[SamplingConfig, torch.Generator]:
+    if sampling is None:
+        sampling = bundle.default_sampling
+    elif isinstance(sampling, dict):
+        sampling = SamplingConfig.from_dict(bundle.default_sampling.to_dict() | sampling)
+    return sampling, generator if generator is not None else torch.Generator().manual_seed(0)
+
+
+def sample_codes(bundle: "GeneratorBundle", prompts: list[str], n: int = 1, video: bool = False,
+                 sampling: SamplingConfig | dict | None = None,
+                 generator: torch.Generator | None = None, batch_size: int = 16) -> SampleOutput:
+    """Codes (and step entropies) for n samples per prompt, prompt-major order."""
+    sampling, g = _resolve(bundle, sampling, generator)
+    model = bundle.video_lm if video else bundle.image_lm
+    if model is None:
+        raise ValueError(f"This bundle has no {'video' if video else 'image'} model.")
+    template = video_template(bundle.layout) if video else image_template(bundle.layout)
+    flat = [p for p in prompts for _ in range(n)]
+    outs = []
+    for s in range(0, len(flat), batch_size):
+        chunk = flat[s:s + batch_size]
+        rows = prefix_rows(bundle.tokenizer, bundle.layout, chunk, video, sampling.cfg_scale != 1.0)
+        outs.append(sample_tokens(model, rows, template, bundle.layout, sampling, g))
+    return SampleOutput(torch.cat([o.codes_BN for o in outs]),
+                        torch.cat([o.entropy_BN for o in outs]))
+
+
+def decode_images(bundle: "GeneratorBundle", codes_BN: torch.Tensor) -> list[Image.Image]:
+    """Image codes -> PIL images."""
+    lay = bundle.layout
+    return bundle.codec.decode_pil(codes_BN, (lay.grid_h, lay.grid_w))
+
+
+def decode_videos(bundle: "GeneratorBundle", codes_BN: torch.Tensor) -> list[list[Image.Image]]:
+    """Video codes (frames concatenated) -> frames per video."""
+    lay = bundle.layout
+    per_frame = codes_BN.reshape(-1, lay.frame_tokens)
+    frames = bundle.codec.decode_pil(per_frame, (lay.frame_grid_h, lay.frame_grid_w))
+    return [frames[i:i + lay.n_frames] for i in range(0, len(frames), lay.n_frames)]
+
+
+def generate_images(bundle: "GeneratorBundle", prompts: list[str], n: int = 1,
+                    sampling: SamplingConfig | dict | None = None,
+                    generator: torch.Generator | None = None,
+                    batch_size: int = 16) -> list[Image.Image]:
+    """n images per prompt (prompt-major), sampled with `sampling` (default: the bundle's)."""
+    out = sample_codes(bundle, prompts, n, False, sampling, generator, batch_size)
+    return decode_images(bundle, out.codes_BN)
+
+
+def generate_video(bundle: "GeneratorBundle", prompts: list[str], n: int = 1,
+                   sampling: SamplingConfig | dict | None = None,
+                   generator: torch.Generator | None = None,
+                   batch_size: int = 8) -> list[list[Image.Image]]:
+    """n videos per prompt (prompt-major), each a list of n_frames PIL frames."""
+    out = sample_codes(bundle, prompts, n, True, sampling, generator, batch_size)
+    return decode_videos(bundle, out.codes_BN)

@@ -1,0 +1,42 @@
+"""The reference world's quality report (report.md): figures against the quality bars."""
+
+from __future__ import annotations
+
+# metric -> (bar, direction, what it means); only checked for the 'small' world
+BARS = {
+    "exact_match_general_vqa": (0.8, ">=", "general VQA exact match"),
+    "exact_match_text_vqa": (0.6, ">=", "text VQA (OCR) exact match"),
+    "exact_match_chart_vqa": (0.6, ">=", "chart VQA exact match"),
+    "caption_grounded": (0.7, ">=", "caption objects that are in the image"),
+    "image_dependence": (0.9, ">=", "answers that change when the image is swapped"),
+    "target_over_drafter": (5.0, ">=", "target step / one-block drafter step"),
+    "prompt_following_cfg": (0.7, ">=", "generated images whose dominant colour follows the prompt (CFG)"),
+    "entropy_nats": (1.5, ">=", "generator per-token entropy at default sampling (nats)"),
+}
+
+
+def check(value: float, bar: float, direction: str) -> bool:
+    return value >= bar if direction == ">=" else value <= bar
+
+
+def render_report(m: dict) -> str:
+    """Markdown: the bar table, then every other figure."""
+    lines = [f"# Reference world `{m.get('size')}` (seed {m.get('seed')})", ""]
+    if "build_seconds" in m:
+        lines.append(f"Built in {m['build_seconds']:.0f} s, peak RSS {m.get('peak_rss_gb', '?')} GB, "
+                     f"content hash `{m.get('hash', '?')}`.")
+        lines.append("")
+    lines += ["| figure | value | bar | met |", "|---|---|---|---|"]
+    for key, (bar, direction, what) in BARS.items():
+        if key in m:
+            ok = check(float(m[key]), bar, direction)
+            lines.append(f"| {what} (`{key}`) | {m[key]} | {direction} {bar} | {'yes' if ok else 'NO'} |")
+    if m.get("size") != "small":
+        lines += ["", "(bars apply to the `small` world; `tiny` only checks shapes and formats)"]
+    rest = {k: v for k, v in m.items() if k not in BARS and not isinstance(v, dict)}
+    lines += ["", "## All figures", "", "| figure | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(rest.items())]
+    for k, v in m.items():
+        if isinstance(v, dict):
+            lines += ["", f"## {k}", "", *[f"- {a}: {b}" for a, b in v.items()]]
+    return "\n".join(lines) + "\n"
