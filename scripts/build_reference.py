@@ -121,7 +121,15 @@ def upload(store: Storage, stage: Path, out: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    import warnings
+
+    import transformers
+
     from spec_core.reference.report import render_report
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=["tiny", "small"], required=True)

@@ -2,7 +2,8 @@
 # The main job chain on the embedded default (local directories, a local Ray, the reference world).
 #   bash scripts/demo.sh            # full run
 #   QUICK=1 bash scripts/demo.sh    # a few minutes: the tiny world, fewer samples
-# Outputs go under $OUT (default runs/demo); the last lines are a summary table.
+# Outputs go under $OUT (default runs/demo), the reference world under runs/reference/<size>;
+# the last lines are a summary table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK="${QUICK:-0}"
@@ -17,13 +18,19 @@ step "install (once)"
 bash scripts/install.sh
 
 if [ "$QUICK" = 1 ]; then
+  WORLD=tiny
   DATA_SET=(--set 'data.per_task={train: 10, eval: 5}')
 else
+  WORLD=small
   DATA_SET=()
 fi
+REFERENCE="${REFERENCE:-runs/reference/$WORLD}"
+
+step "reference world '$WORLD' -> $REFERENCE (built once, then a cache hit)"
+$PY scripts/build_reference.py --size "$WORLD" --out "$REFERENCE"
 
 step "synth_data: the reference world's six-task dataset, rendered with Ray Data"
 $PY jobs/synth_data.py --config manifests/jobs/synth_data.yaml --set "run.output_uri=$OUT" "${DATA_SET[@]}"
 
 step "summary"
-$PY scripts/demo_summary.py "$OUT"
+$PY scripts/demo_summary.py "$OUT" "$REFERENCE"

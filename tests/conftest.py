@@ -65,3 +65,15 @@ def ray_local():
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA: without it they are skipped (and only they are)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    no_cuda = pytest.mark.skip(reason="needs CUDA (marker: gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(no_cuda)

@@ -10,8 +10,8 @@ BARS = {
     "caption_grounded": (0.7, ">=", "caption objects that are in the image"),
     "image_dependence": (0.9, ">=", "answers that change when the image is swapped"),
     "target_over_drafter": (5.0, ">=", "target step / one-block drafter step"),
-    "prompt_following_cfg": (0.7, ">=", "generated images whose dominant colour follows the prompt (CFG)"),
-    "entropy_nats": (1.5, ">=", "generator per-token entropy at default sampling (nats)"),
+    "image_prompt_following_cfg": (0.7, ">=", "generated images whose dominant colour follows the prompt (CFG)"),
+    "image_entropy_default": (1.5, ">=", "generator per-token entropy at default sampling (nats)"),
 }
 
 
