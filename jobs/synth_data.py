@@ -22,15 +22,16 @@ from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
 from jobs.lib.storage import Storage, join  # noqa: E402
 
-Task = Literal["general_vqa", "text_vqa", "captioning", "chart_vqa", "reasoning", "multi_turn"]
-ALL_TASKS: list[Task] = ["general_vqa", "text_vqa", "captioning", "chart_vqa", "reasoning", "multi_turn"]
+from spec_core.reference.tasks import TASKS  # noqa: E402
+
+Task = Literal[TASKS]  # the six task kinds, validated by name
 
 
 class DataSection(Strict):
     seed: int = 0
     per_task: dict[str, int] = Field(default_factory=lambda: {"train": 200, "eval": 50},
                                      description="samples per task, per split name")
-    tasks: list[Task] = Field(default_factory=lambda: list(ALL_TASKS))
+    tasks: list[Task] = Field(default_factory=lambda: list(TASKS))
     rows_per_block: int = Field(64, ge=1)
 
 
