@@ -4,7 +4,8 @@ for training tiny VLMs and image/video generators from scratch."""
 from spec_core.reference.drawing import (dominant_colour, patch_labels, render, render_video,
                                          scene_dominant_colour)
 from spec_core.reference.scenes import (Chart, Obj, Scene, Sign, describe_for_generation,
-                                        describe_motion, move_objects, sample_motion, sample_scene,
+                                        describe_motion, move_objects, sample_motion,
+                                        sample_motion_start, sample_scene,
                                         sample_velocities, scene_from_json, scene_to_json)
 from spec_core.reference.tasks import (IMAGE_TOKEN, TASKS, all_words, captioning, chart_vqa,
                                        corpus_texts, general_vqa, make_sample, make_split,
@@ -17,7 +18,8 @@ __all__ = [
     "SIZES", "Scene", "Sign", "TASKS", "WORDS", "all_words", "captioning", "chart_vqa",
     "corpus_texts", "describe_for_generation", "describe_motion", "dominant_colour",
     "general_vqa", "make_sample", "make_split", "move_objects", "multi_turn", "patch_labels",
-    "png_bytes", "reasoning", "render", "render_video", "sample_motion", "sample_scene",
+    "png_bytes", "reasoning", "render", "render_video", "sample_motion", "sample_motion_start",
+    "sample_scene",
     "sample_velocities", "scene_dominant_colour", "scene_from_json", "scene_to_json", "text_vqa",
     "words_of",
 ]

@@ -184,16 +184,21 @@ def sample_velocities(rng: np.random.Generator, n: int) -> list[tuple[float, flo
     return [(float(s * np.cos(a)), float(s * np.sin(a))) for a, s in zip(angles, speeds)]
 
 
-def sample_motion(rng: np.random.Generator, n_frames: int = 8) -> list[Scene]:
-    """A video: 1-3 objects at free positions moving linearly and bouncing, one Scene per frame."""
+def sample_motion_start(rng: np.random.Generator) -> tuple[Scene, list[tuple[float, float]]]:
+    """The first frame of a video (1-3 objects at free positions) and their velocities."""
     base = sample_scene(rng, "objects", with_sign_prob=0.0, n_objects=(1, 3))
     objs = []
     for obj in base.objects:
         h = half_extent(obj)
         xy = (float(rng.uniform(h, 1 - h)), float(rng.uniform(h, 1 - h)))
         objs.append(replace(obj, xy=xy, cell=cell_of(xy)))
-    start = replace(base, objects=tuple(objs))
-    return move_objects(start, sample_velocities(rng, len(objs)), n_frames)
+    return replace(base, objects=tuple(objs)), sample_velocities(rng, len(objs))
+
+
+def sample_motion(rng: np.random.Generator, n_frames: int = 8) -> list[Scene]:
+    """A video: 1-3 objects at free positions moving linearly and bouncing, one Scene per frame."""
+    start, velocities = sample_motion_start(rng)
+    return move_objects(start, velocities, n_frames)
 
 
 # ---------------------------------------------------------------- prompts for the generator
