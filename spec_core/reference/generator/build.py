@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,9 @@ from spec_core.reference.generator.data import SceneSpec, image_example, video_e
 from spec_core.reference.generator.evaluate import evaluate_bundle
 from spec_core.reference.generator.layout import GeneratorLayout, build_tokenizer, make_layout
 from spec_core.reference.generator.sample import SamplingConfig
-from spec_core.reference.generator.train import (LMSpec, image_batch, make_llama_config,
-                                                 new_model, train_lm, video_batch)
+from spec_core.reference.generator.train import (Batch, LMSpec, code_kernel, image_batch,
+                                                 init_code_embeddings, make_llama_config,
+                                                 new_model, texture_at, train_lm, video_batch)
 
 __all__ = ["GeneratorBuildConfig", "build_generator", "evaluate_generator", "load_generator"]
 
@@ -100,13 +101,24 @@ def build_lm(cfg: GeneratorBuildConfig, video: bool, codec: PatchCodec, tokenize
     """Train one LM (image or video) from scratch on its on-the-fly data stream."""
     spec = cfg.video_lm if video else cfg.image_lm
     assert spec is not None
-    part, make = (3, video_batch) if video else (2, image_batch)
+    part = 3 if video else 2
     model = new_model(make_llama_config(layout, spec, _max_positions(layout, video)),
                       cfg.seed + part)
+    if spec.code_embedding_init:
+        init_code_embeddings(model, codec, layout, tokenizer, cfg.seed + part)
     rng = _rng(cfg, part)
-    stats = train_lm(model, lambda: make(rng, cfg.scene, codec, tokenizer, layout,
-                                         spec.batch_size, spec.prompt_dropout),
-                     spec, progress, desc="video_lm" if video else "image_lm")
+    kernel_KK = code_kernel(codec, spec.soft_neighbours) if spec.soft_targets > 0 else None
+
+    def batch_fn(step: int) -> Batch:
+        scene = replace(cfg.scene, texture=texture_at(step, spec, cfg.scene.texture))
+        if video:
+            return video_batch(rng, scene, codec, tokenizer, layout, spec.batch_size,
+                               spec.prompt_dropout)
+        return image_batch(rng, scene, codec, tokenizer, layout, spec.batch_size,
+                           spec.prompt_dropout, spec.noise_draws)
+
+    stats = train_lm(model, batch_fn, spec, progress, "video_lm" if video else "image_lm",
+                     layout, kernel_KK)
     tag = "video_lm" if video else "image_lm"
     return model, {f"{tag}_{k}": v for k, v in stats.items()}
 

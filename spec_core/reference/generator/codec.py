@@ -151,7 +151,8 @@ def kmeans(x_ND: torch.Tensor, k: int, iters: int, generator: torch.Generator) -
         sums_KD = torch.zeros_like(centres_KD).index_add_(0, assign_N, x_ND)
         counts_K = torch.bincount(assign_N, minlength=k).to(x_ND.dtype)
         empty = counts_K == 0
-        centres_KD = torch.where(empty[:, None], centres_KD, sums_KD / counts_K.clamp(min=1)[:, None])
+        means_KD = sums_KD / counts_K.clamp(min=1)[:, None]
+        centres_KD = torch.where(empty[:, None], centres_KD, means_KD)
         n_empty = int(empty.sum())
         if n_empty:
             pick = torch.randint(x_ND.shape[0], (n_empty,), generator=generator)

@@ -39,6 +39,19 @@ def image_example(rng: np.random.Generator, spec: SceneSpec) -> tuple[str, Image
     return describe_for_generation(scene), image, scene
 
 
+def image_example_draws(rng: np.random.Generator, spec: SceneSpec,
+                        draws: int) -> tuple[str, list[Image.Image], Scene]:
+    """(prompt, `draws` renders of one scene sharing jitter + pattern but with independent pixel
+    noise, scene); draw 0 is the training image, all draws give its per-token target."""
+    scene = sample_image_scene(rng, spec)
+    if spec.texture <= 0 or draws <= 1:
+        return describe_for_generation(scene), [render(scene, spec.image_size, spec.texture,
+                                                       rng)], scene
+    still = [(0.0, 0.0)] * len(scene.objects)  # a still "video": same pattern, fresh noise
+    images = render_video(scene, still, draws, spec.image_size, spec.texture, rng)
+    return describe_for_generation(scene), images, scene
+
+
 def sample_video_start(rng: np.random.Generator) -> tuple[Scene, list[tuple[float, float]]]:
     """Start scene + velocities, as `sample_motion` draws them (render_video needs both)."""
     base = sample_scene(rng, "objects", with_sign_prob=0.0, n_objects=(1, 3))

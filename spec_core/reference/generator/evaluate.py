@@ -86,7 +86,8 @@ def eval_video(bundle: GeneratorBundle, spec: SceneSpec, seed: int,
     data = motion_stats([e[1] for e in examples], bgs)
     follow = following_rate([v[0] for v in videos], bgs,
                             [largest_object_colour(e[2][0]) or "" for e in examples])
-    res = {f"video_{k}": v for k, v in gen.items()} | {f"data_video_{k}": v for k, v in data.items()}
+    res = {f"video_{k}": v for k, v in gen.items()}
+    res |= {f"data_video_{k}": v for k, v in data.items()}
     return res | {"video_frames": float(np.mean([len(v) for v in videos])),
                   "video_frame_px": float(videos[0][0].size[0]),
                   "video_entropy_default": float(out.entropy_BN.mean()),

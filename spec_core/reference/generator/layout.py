@@ -122,7 +122,8 @@ def make_layout(tokenizer: PreTrainedTokenizerFast, codebook_size: int, grid_hw:
     """Layout read off a tokenizer built by `build_tokenizer`."""
     ids = {s: tokenizer.convert_tokens_to_ids(s) for s in SPECIALS}
     offset = tokenizer.convert_tokens_to_ids(image_token(0))
-    if tokenizer.convert_tokens_to_ids(image_token(codebook_size - 1)) != offset + codebook_size - 1:
+    last = tokenizer.convert_tokens_to_ids(image_token(codebook_size - 1))
+    if last != offset + codebook_size - 1:
         raise ValueError("Image tokens are not contiguous in this tokenizer.")
     return GeneratorLayout(offset, codebook_size, grid_hw[0], grid_hw[1], n_frames,
                            frame_grid_hw[0], frame_grid_hw[1], ids[PAD], ids[BOS], ids[EOS],

@@ -16,9 +16,10 @@ from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils.logging import tqdm
 
 from spec_core.reference.generator.codec import PatchCodec, pil_to_tensor
-from spec_core.reference.generator.data import SceneSpec, image_example, video_example
+from spec_core.reference.generator.data import SceneSpec, image_example_draws, video_example
 from spec_core.reference.generator.layout import (GeneratorLayout, encode_prompt, image_sequence,
                                                   video_sequence)
+from spec_core.reference.vocab import BACKGROUNDS, COLOURS
 
 Batch = dict[str, torch.Tensor]
 
@@ -37,7 +38,13 @@ class LMSpec:
     warmup: int = 20
     weight_decay: float = 0.05
     prompt_dropout: float = 0.12
+    rope_theta: float = 10000.0
     bf16_autocast: bool = True  # CPU autocast: ~1.5x faster with AMX/avx512_bf16, fp32 weights
+    soft_targets: float = 0.0  # weight of the codeword-kernel-smoothed target in the loss
+    code_embedding_init: bool = True  # see init_code_embeddings
+    noise_draws: int = 1  # >1: Rao-Blackwellised targets over this many pixel-noise draws
+    texture_ramp: float = 0.0  # fraction of steps over which texture ramps up from 0 (curriculum)
+    soft_neighbours: int = 16
 
 
 def make_llama_config(layout: GeneratorLayout, spec: LMSpec, max_positions: int) -> LlamaConfig:
@@ -47,7 +54,7 @@ def make_llama_config(layout: GeneratorLayout, spec: LMSpec, max_positions: int)
         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
         num_key_value_heads=spec.heads, max_position_embeddings=max_positions,
         bos_token_id=layout.bos, eos_token_id=layout.eos, pad_token_id=layout.pad,
-        tie_word_embeddings=False, rope_theta=10000.0)
+        tie_word_embeddings=False, rope_theta=spec.rope_theta)
 
 
 def new_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
@@ -56,6 +63,39 @@ def new_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     return model
+
+
+def _patch_features(patches_KD: torch.Tensor, ref_KD: torch.Tensor) -> torch.Tensor:
+    """[pixels, squared norm] of patches, standardised with the statistics of ref (codebook)."""
+    def raw(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, (x * x).sum(1, keepdim=True)], dim=1)
+    ref = raw(ref_KD)
+    return (raw(patches_KD) - ref.mean(0)) / ref.std(0).clamp(min=1e-6)
+
+
+@torch.no_grad()
+def init_code_embeddings(model: LlamaForCausalLM, codec: PatchCodec, layout: GeneratorLayout,
+                         tokenizer: PreTrainedTokenizerFast, seed: int,
+                         scale: float = 0.02) -> None:
+    """Init only (the model stays a plain LlamaForCausalLM): image-code rows of the input
+    embedding and lm_head = one shared random projection of codeword features, so similar
+    patches start similar and "next code like this one" is the initial prior; colour and
+    background words start at the projection of a flat patch of their colour."""
+    c_KD = codec.codebook_KD.float()
+    g = torch.Generator().manual_seed(seed)
+    h = model.get_input_embeddings().weight.shape[1]
+    f_KF = _patch_features(c_KD, c_KD)
+    proj_FH = torch.randn(f_KF.shape[1], h, generator=g) / f_KF.shape[1] ** 0.5
+    lo, hi = layout.image_token_range
+    for weight_VH in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+        noise_KH = torch.randn(hi - lo, h, generator=g) * 0.25
+        weight_VH[lo:hi] = scale * (f_KF @ proj_FH + noise_KH)
+    names = {**COLOURS, **BACKGROUNDS}
+    pp = c_KD.shape[1] // 3  # channel-major patch: p*p reds, p*p greens, p*p blues
+    flat_WD = torch.tensor(list(names.values()), dtype=torch.float32).repeat_interleave(pp, 1)
+    ids = tokenizer.convert_tokens_to_ids(list(names))
+    model.get_input_embeddings().weight[ids] = scale * (_patch_features(flat_WD / 255.0, c_KD)
+                                                        @ proj_FH)
 
 
 def collate(seqs: list[list[int]], layout: GeneratorLayout) -> Batch:
@@ -78,13 +118,19 @@ def _prompt(tokenizer: PreTrainedTokenizerFast, prompt: str, rng: np.random.Gene
 
 def image_batch(rng: np.random.Generator, spec: SceneSpec, codec: PatchCodec,
                 tokenizer: PreTrainedTokenizerFast, layout: GeneratorLayout, batch_size: int,
-                prompt_dropout: float) -> Batch:
-    """A batch of image sequences (prompt dropped to empty with prob prompt_dropout)."""
-    examples = [image_example(rng, spec) for _ in range(batch_size)]
-    codes_BT = codec.encode(pil_to_tensor([e[1] for e in examples]))
-    seqs = [image_sequence(layout, _prompt(tokenizer, e[0], rng, prompt_dropout), c.tolist())
-            for e, c in zip(examples, codes_BT)]
-    return collate(seqs, layout)
+                prompt_dropout: float, noise_draws: int = 1) -> Batch:
+    """A batch of image sequences (prompt dropped to empty with prob prompt_dropout); with
+    noise_draws > 1 also "draw_codes_BTR": the codes of R renders differing only in pixel noise."""
+    examples = [image_example_draws(rng, spec, noise_draws) for _ in range(batch_size)]
+    r = len(examples[0][1])
+    codes_BRT = codec.encode(pil_to_tensor([im for e in examples for im in e[1]]))
+    codes_BRT = codes_BRT.view(batch_size, r, -1)
+    seqs = [image_sequence(layout, _prompt(tokenizer, e[0], rng, prompt_dropout),
+                           c[0].tolist()) for e, c in zip(examples, codes_BRT)]
+    batch = collate(seqs, layout)
+    if r > 1:
+        batch["draw_codes_BTR"] = codes_BRT.transpose(1, 2).contiguous()
+    return batch
 
 
 def video_batch(rng: np.random.Generator, spec: SceneSpec, codec: PatchCodec,
@@ -99,14 +145,54 @@ def video_batch(rng: np.random.Generator, spec: SceneSpec, codec: PatchCodec,
     return collate(seqs, layout)
 
 
-def lm_loss(model: LlamaForCausalLM, batch: Batch) -> torch.Tensor:
-    """Mean next-token cross-entropy over image-code targets."""
-    return model(**batch).loss
+def code_kernel(codec: PatchCodec, neighbours: int) -> torch.Tensor:
+    """Row-stochastic kernel_KK over each codeword's nearest codewords (Gaussian in patch
+    space, bandwidth = median squared distance to the farthest kept neighbour)."""
+    c_KD = codec.codebook_KD.float()
+    d2_KK = torch.cdist(c_KD, c_KD) ** 2
+    m = min(neighbours, c_KD.shape[0])
+    d2_KM, idx_KM = torch.topk(d2_KK, m, dim=1, largest=False)
+    bandwidth = d2_KM[:, -1].median().clamp(min=1e-8)
+    w_KM = torch.exp(-d2_KM / bandwidth)
+    kernel_KK = torch.zeros_like(d2_KK).scatter_(1, idx_KM, w_KM)
+    return kernel_KK / kernel_KK.sum(1, keepdim=True)
 
 
-def train_lm(model: LlamaForCausalLM, batch_fn: Callable[[], Batch], spec: LMSpec,
-             progress: bool = True, desc: str = "train") -> dict[str, float]:
-    """AdamW + warmup/cosine for spec.steps on batches from batch_fn; returns train stats."""
+def lm_loss(model: LlamaForCausalLM, batch: Batch, layout: GeneratorLayout | None = None,
+            kernel_KK: torch.Tensor | None = None, soft: float = 0.0) -> torch.Tensor:
+    """Next-token cross-entropy over image-code targets. Targets: the one-hot code, or with
+    "draw_codes_BTR" the code histogram over noise draws (same expected gradient, less
+    variance), optionally mixed (weight soft) with kernel-smoothed targets."""
+    draws = batch.get("draw_codes_BTR")
+    if layout is None or (draws is None and (soft <= 0 or kernel_KK is None)):
+        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     labels=batch["labels"]).loss
+    logits_BLV = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    tgt_BL = batch["labels"][:, 1:]
+    valid_BL = tgt_BL != -100
+    logp_NV = torch.log_softmax(logits_BLV[:, :-1][valid_BL].float(), dim=-1)
+    lo, hi = layout.image_token_range
+    if draws is not None:  # row-major valid positions = the image tokens in order
+        codes_NR = draws.reshape(-1, draws.shape[-1])
+        q_NK = torch.zeros(codes_NR.shape[0], hi - lo).scatter_add_(
+            1, codes_NR, torch.full(codes_NR.shape, 1.0 / codes_NR.shape[1]))
+    else:
+        q_NK = torch.nn.functional.one_hot(tgt_BL[valid_BL] - lo, hi - lo).float()
+    if soft > 0 and kernel_KK is not None:
+        q_NK = (1 - soft) * q_NK + soft * (q_NK @ kernel_KK)
+    return -(q_NK * logp_NV[:, lo:hi]).sum(1).mean()
+
+
+def texture_at(step: int, spec: LMSpec, texture: float) -> float:
+    """Curriculum: texture grows linearly from 0 over the first texture_ramp of the steps."""
+    ramp = spec.texture_ramp * spec.steps
+    return texture if ramp <= 0 else texture * min(1.0, step / ramp)
+
+
+def train_lm(model: LlamaForCausalLM, batch_fn: Callable[[int], Batch], spec: LMSpec,
+             progress: bool = True, desc: str = "train", layout: GeneratorLayout | None = None,
+             kernel_KK: torch.Tensor | None = None) -> dict[str, float]:
+    """AdamW + warmup/cosine for spec.steps on batches batch_fn(step); returns train stats."""
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
@@ -116,12 +202,12 @@ def train_lm(model: LlamaForCausalLM, batch_fn: Callable[[], Batch], spec: LMSpe
     model.train()
     start, ema, data_s = time.perf_counter(), math.nan, 0.0
     bar = tqdm(range(spec.steps), desc=desc, disable=not progress, mininterval=2.0)
-    for _ in bar:
+    for step in bar:
         t0 = time.perf_counter()
-        batch = batch_fn()
+        batch = batch_fn(step)
         data_s += time.perf_counter() - t0
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.bf16_autocast):
-            loss = lm_loss(model, batch)
+            loss = lm_loss(model, batch, layout, kernel_KK, spec.soft_targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -47,7 +47,7 @@ def test_tiny_lm_trains_saves_and_reloads_identically(tmp_path):
     lm = LMSpec(hidden=32, layers=2, heads=2, intermediate=64, steps=4, batch_size=2, warmup=1)
     model = new_model(make_llama_config(lay, lm, 512), 0)
     before = [p.detach().clone() for p in model.parameters()]
-    stats = train_lm(model, lambda: image_batch(rng, spec, codec, tok, lay, 2, 0.1), lm,
+    stats = train_lm(model, lambda step: image_batch(rng, spec, codec, tok, lay, 2, 0.1), lm,
                      progress=False)
     assert stats["steps"] == 4 and np.isfinite(stats["final_loss_ema"])
     assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
