@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,9 @@ from spec_core.reference.generator.data import SceneSpec, image_example, video_e
 from spec_core.reference.generator.evaluate import evaluate_bundle
 from spec_core.reference.generator.layout import GeneratorLayout, build_tokenizer, make_layout
 from spec_core.reference.generator.sample import SamplingConfig
-from spec_core.reference.generator.train import (Batch, LMSpec, code_kernel, image_batch,
+from spec_core.reference.generator.train import (Batch, LMSpec, image_batch,
                                                  init_code_embeddings, make_llama_config,
-                                                 new_model, texture_at, train_lm, video_batch)
+                                                 new_model, train_lm, video_batch)
 
 __all__ = ["GeneratorBuildConfig", "build_generator", "evaluate_generator", "load_generator"]
 
@@ -53,10 +53,10 @@ class GeneratorBuildConfig:
             return cls(name="tiny", codec_images=16, codec_iters=2, codec_max_patches=4096,
                        image_lm=lm, video_lm=lm, eval_prompts=4, eval_videos=2)
         if name == "small":
-            image = LMSpec(hidden=256, layers=4, heads=4, intermediate=704, steps=300,
-                           batch_size=16, lr=2e-3, warmup=20)
-            video = LMSpec(hidden=128, layers=4, heads=2, intermediate=352, steps=120,
-                           batch_size=8, lr=2e-3, warmup=10)
+            image = LMSpec(hidden=128, layers=2, heads=2, intermediate=352, steps=3600,
+                           batch_size=8, lr=3e-3, warmup=50)
+            video = LMSpec(hidden=128, layers=2, heads=2, intermediate=352, steps=1200,
+                           batch_size=4, lr=3e-3, warmup=30)
             return cls(name="small", image_lm=image, video_lm=video)
         raise ValueError(f"Unknown preset {name!r}; expected 'tiny' or 'small'.")
 
@@ -66,6 +66,7 @@ class GeneratorBuildConfig:
 
 
 def _rng(cfg: GeneratorBuildConfig, part: int) -> np.random.Generator:
+    """Seeded stream of one build part (1 codec, 2 image LM, 3 video LM)."""
     return np.random.default_rng([cfg.seed, part])
 
 
@@ -85,11 +86,13 @@ def build_codec(cfg: GeneratorBuildConfig) -> tuple[PatchCodec, dict[str, float]
 
 
 def _max_positions(layout: GeneratorLayout, video: bool) -> int:
+    """Power-of-two position budget: longest prompt + specials + image/video body."""
     body = layout.n_frames * (layout.frame_tokens + 1) + 2 if video else layout.image_tokens + 2
     return 1 << (body + 96 - 1).bit_length()  # prompt (<= ~60 words) + specials, power of two
 
 
 def _config_extra(cfg: GeneratorBuildConfig, role: str) -> dict[str, Any]:
+    """generator_config.json fields beyond the layout."""
     s = cfg.scene
     return {"default_sampling": cfg.default_sampling.to_dict(), "role": role,
             "image_size": s.image_size, "frame_size": s.frame_size, "patch": cfg.patch,
@@ -107,18 +110,16 @@ def build_lm(cfg: GeneratorBuildConfig, video: bool, codec: PatchCodec, tokenize
     if spec.code_embedding_init:
         init_code_embeddings(model, codec, layout, tokenizer, cfg.seed + part)
     rng = _rng(cfg, part)
-    kernel_KK = code_kernel(codec, spec.soft_neighbours) if spec.soft_targets > 0 else None
 
     def batch_fn(step: int) -> Batch:
-        scene = replace(cfg.scene, texture=texture_at(step, spec, cfg.scene.texture))
+        """Next training batch (the step is unused: data are an infinite seeded stream)."""
         if video:
-            return video_batch(rng, scene, codec, tokenizer, layout, spec.batch_size,
+            return video_batch(rng, cfg.scene, codec, tokenizer, layout, spec.batch_size,
                                spec.prompt_dropout)
-        return image_batch(rng, scene, codec, tokenizer, layout, spec.batch_size,
+        return image_batch(rng, cfg.scene, codec, tokenizer, layout, spec.batch_size,
                            spec.prompt_dropout, spec.noise_draws)
 
-    stats = train_lm(model, batch_fn, spec, progress, "video_lm" if video else "image_lm",
-                     layout, kernel_KK)
+    stats = train_lm(model, batch_fn, spec, layout, progress, "video_lm" if video else "image_lm")
     tag = "video_lm" if video else "image_lm"
     return model, {f"{tag}_{k}": v for k, v in stats.items()}
 

@@ -48,6 +48,7 @@ def save_model_dir(directory: str | Path, model: LlamaForCausalLM,
 
 
 def _load_lm(directory: Path) -> LlamaForCausalLM | None:
+    """The LM saved in `directory`, or None if there is none."""
     if not (directory / "config.json").is_file():
         return None
     model = LlamaForCausalLM.from_pretrained(str(directory), local_files_only=True)

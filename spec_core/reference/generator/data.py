@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
 from spec_core.reference.drawing import render, render_video
-from spec_core.reference.scenes import (Scene, cell_of, describe_for_generation, describe_motion,
-                                        half_extent, move_objects, sample_scene,
-                                        sample_velocities)
+from spec_core.reference.scenes import (Scene, describe_for_generation, describe_motion,
+                                        move_objects, sample_motion_start, sample_scene)
 
 
 @dataclass(frozen=True)
@@ -20,10 +19,10 @@ class SceneSpec:
     image_size: int = 32
     frame_size: int = 16
     n_frames: int = 8
-    texture: float = 0.6
+    texture: float = 0.3
     chart_prob: float = 0.0
     sign_prob: float = 0.0
-    n_objects: tuple[int, int] = (1, 3)
+    n_objects: tuple[int, int] = (1, 2)
 
 
 def sample_image_scene(rng: np.random.Generator, spec: SceneSpec) -> Scene:
@@ -45,28 +44,17 @@ def image_example_draws(rng: np.random.Generator, spec: SceneSpec,
     noise, scene); draw 0 is the training image, all draws give its per-token target."""
     scene = sample_image_scene(rng, spec)
     if spec.texture <= 0 or draws <= 1:
-        return describe_for_generation(scene), [render(scene, spec.image_size, spec.texture,
-                                                       rng)], scene
-    still = [(0.0, 0.0)] * len(scene.objects)  # a still "video": same pattern, fresh noise
-    images = render_video(scene, still, draws, spec.image_size, spec.texture, rng)
+        images = [render(scene, spec.image_size, spec.texture, rng)]
+    else:
+        still = [(0.0, 0.0)] * len(scene.objects)  # a still "video": same pattern, fresh noise
+        images = render_video(scene, still, draws, spec.image_size, spec.texture, rng)
     return describe_for_generation(scene), images, scene
-
-
-def sample_video_start(rng: np.random.Generator) -> tuple[Scene, list[tuple[float, float]]]:
-    """Start scene + velocities, as `sample_motion` draws them (render_video needs both)."""
-    base = sample_scene(rng, "objects", with_sign_prob=0.0, n_objects=(1, 3))
-    objs = []
-    for obj in base.objects:
-        h = half_extent(obj)
-        xy = (float(rng.uniform(h, 1 - h)), float(rng.uniform(h, 1 - h)))
-        objs.append(replace(obj, xy=xy, cell=cell_of(xy)))
-    return replace(base, objects=tuple(objs)), sample_velocities(rng, len(objs))
 
 
 def video_example(rng: np.random.Generator,
                   spec: SceneSpec) -> tuple[str, list[Image.Image], list[Scene]]:
     """(prompt, textured frames, frame scenes) drawn from `rng`."""
-    start, velocities = sample_video_start(rng)
+    start, velocities = sample_motion_start(rng)
     frames = move_objects(start, velocities, spec.n_frames)
     images = render_video(start, velocities, spec.n_frames, spec.frame_size,
                           texture=spec.texture, rng=rng)

@@ -23,6 +23,7 @@ from spec_core.reference.vocab import BACKGROUNDS
 
 
 def _heldout_rng(seed: int, part: int) -> np.random.Generator:
+    """Held-out stream, disjoint from the build streams."""
     return np.random.default_rng([seed, 9_000_001, part])
 
 

@@ -110,6 +110,7 @@ class SampleOutput:
 
 def _step_probs(logits_GV: torch.Tensor, n: int, sampling: SamplingConfig,
                 allowed_V: torch.Tensor) -> torch.Tensor:
+    """processed_probs for one step of a (possibly CFG-doubled) batch of n conditional rows."""
     cfg = sampling.cfg_scale != 1.0
     uncond = logits_GV[n:] if cfg else None
     return processed_probs(logits_GV[:n], uncond, sampling.cfg_scale, sampling.temperature,
@@ -152,6 +153,7 @@ def sample_tokens(model: PreTrainedModel, rows: list[list[int]], template: list[
 
 def _resolve(bundle: "GeneratorBundle", sampling: SamplingConfig | dict | None,
              generator: torch.Generator | None) -> tuple[SamplingConfig, torch.Generator]:
+    """Sampling (None: bundle default; dict: overrides of it) and generator (None: seed 0)."""
     if sampling is None:
         sampling = bundle.default_sampling
     elif isinstance(sampling, dict):

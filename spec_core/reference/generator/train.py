@@ -40,11 +40,8 @@ class LMSpec:
     prompt_dropout: float = 0.12
     rope_theta: float = 10000.0
     bf16_autocast: bool = True  # CPU autocast: ~1.5x faster with AMX/avx512_bf16, fp32 weights
-    soft_targets: float = 0.0  # weight of the codeword-kernel-smoothed target in the loss
     code_embedding_init: bool = True  # see init_code_embeddings
-    noise_draws: int = 1  # >1: Rao-Blackwellised targets over this many pixel-noise draws
-    texture_ramp: float = 0.0  # fraction of steps over which texture ramps up from 0 (curriculum)
-    soft_neighbours: int = 16
+    noise_draws: int = 1  # images only; > 1: targets = code histogram over pixel-noise draws
 
 
 def make_llama_config(layout: GeneratorLayout, spec: LMSpec, max_positions: int) -> LlamaConfig:
@@ -68,6 +65,7 @@ def new_model(config: LlamaConfig, seed: int) -> LlamaForCausalLM:
 def _patch_features(patches_KD: torch.Tensor, ref_KD: torch.Tensor) -> torch.Tensor:
     """[pixels, squared norm] of patches, standardised with the statistics of ref (codebook)."""
     def raw(x: torch.Tensor) -> torch.Tensor:
+        """Pixels + squared norm."""
         return torch.cat([x, (x * x).sum(1, keepdim=True)], dim=1)
     ref = raw(ref_KD)
     return (raw(patches_KD) - ref.mean(0)) / ref.std(0).clamp(min=1e-6)
@@ -76,7 +74,7 @@ def _patch_features(patches_KD: torch.Tensor, ref_KD: torch.Tensor) -> torch.Ten
 @torch.no_grad()
 def init_code_embeddings(model: LlamaForCausalLM, codec: PatchCodec, layout: GeneratorLayout,
                          tokenizer: PreTrainedTokenizerFast, seed: int,
-                         scale: float = 0.02) -> None:
+                         scale: float = 0.02, noise: float = 0.02) -> None:
     """Init only (the model stays a plain LlamaForCausalLM): image-code rows of the input
     embedding and lm_head = one shared random projection of codeword features, so similar
     patches start similar and "next code like this one" is the initial prior; colour and
@@ -88,7 +86,7 @@ def init_code_embeddings(model: LlamaForCausalLM, codec: PatchCodec, layout: Gen
     proj_FH = torch.randn(f_KF.shape[1], h, generator=g) / f_KF.shape[1] ** 0.5
     lo, hi = layout.image_token_range
     for weight_VH in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
-        noise_KH = torch.randn(hi - lo, h, generator=g) * 0.25
+        noise_KH = torch.randn(hi - lo, h, generator=g) * noise
         weight_VH[lo:hi] = scale * (f_KF @ proj_FH + noise_KH)
     names = {**COLOURS, **BACKGROUNDS}
     pp = c_KD.shape[1] // 3  # channel-major patch: p*p reds, p*p greens, p*p blues
@@ -113,6 +111,7 @@ def collate(seqs: list[list[int]], layout: GeneratorLayout) -> Batch:
 
 def _prompt(tokenizer: PreTrainedTokenizerFast, prompt: str, rng: np.random.Generator,
             dropout: float) -> list[int]:
+    """Prompt ids, or [] (the unconditional prompt) with probability `dropout`."""
     return [] if rng.random() < dropout else encode_prompt(tokenizer, prompt)
 
 
@@ -145,53 +144,27 @@ def video_batch(rng: np.random.Generator, spec: SceneSpec, codec: PatchCodec,
     return collate(seqs, layout)
 
 
-def code_kernel(codec: PatchCodec, neighbours: int) -> torch.Tensor:
-    """Row-stochastic kernel_KK over each codeword's nearest codewords (Gaussian in patch
-    space, bandwidth = median squared distance to the farthest kept neighbour)."""
-    c_KD = codec.codebook_KD.float()
-    d2_KK = torch.cdist(c_KD, c_KD) ** 2
-    m = min(neighbours, c_KD.shape[0])
-    d2_KM, idx_KM = torch.topk(d2_KK, m, dim=1, largest=False)
-    bandwidth = d2_KM[:, -1].median().clamp(min=1e-8)
-    w_KM = torch.exp(-d2_KM / bandwidth)
-    kernel_KK = torch.zeros_like(d2_KK).scatter_(1, idx_KM, w_KM)
-    return kernel_KK / kernel_KK.sum(1, keepdim=True)
-
-
-def lm_loss(model: LlamaForCausalLM, batch: Batch, layout: GeneratorLayout | None = None,
-            kernel_KK: torch.Tensor | None = None, soft: float = 0.0) -> torch.Tensor:
-    """Next-token cross-entropy over image-code targets. Targets: the one-hot code, or with
-    "draw_codes_BTR" the code histogram over noise draws (same expected gradient, less
-    variance), optionally mixed (weight soft) with kernel-smoothed targets."""
+def lm_loss(model: LlamaForCausalLM, batch: Batch, layout: GeneratorLayout) -> torch.Tensor:
+    """Mean next-token cross-entropy over image-code targets. With "draw_codes_BTR" the target
+    is the code histogram over noise draws of the same scene (Rao-Blackwellised: the same
+    expected gradient as the one-hot code of draw 0, less variance)."""
     draws = batch.get("draw_codes_BTR")
-    if layout is None or (draws is None and (soft <= 0 or kernel_KK is None)):
+    if draws is None:
         return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                      labels=batch["labels"]).loss
     logits_BLV = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    tgt_BL = batch["labels"][:, 1:]
-    valid_BL = tgt_BL != -100
+    valid_BL = batch["labels"][:, 1:] != -100  # row-major: exactly the image tokens, in order
     logp_NV = torch.log_softmax(logits_BLV[:, :-1][valid_BL].float(), dim=-1)
     lo, hi = layout.image_token_range
-    if draws is not None:  # row-major valid positions = the image tokens in order
-        codes_NR = draws.reshape(-1, draws.shape[-1])
-        q_NK = torch.zeros(codes_NR.shape[0], hi - lo).scatter_add_(
-            1, codes_NR, torch.full(codes_NR.shape, 1.0 / codes_NR.shape[1]))
-    else:
-        q_NK = torch.nn.functional.one_hot(tgt_BL[valid_BL] - lo, hi - lo).float()
-    if soft > 0 and kernel_KK is not None:
-        q_NK = (1 - soft) * q_NK + soft * (q_NK @ kernel_KK)
+    codes_NR = draws.reshape(-1, draws.shape[-1])
+    q_NK = torch.zeros(codes_NR.shape[0], hi - lo).scatter_add_(
+        1, codes_NR, torch.full(codes_NR.shape, 1.0 / codes_NR.shape[1]))
     return -(q_NK * logp_NV[:, lo:hi]).sum(1).mean()
 
 
-def texture_at(step: int, spec: LMSpec, texture: float) -> float:
-    """Curriculum: texture grows linearly from 0 over the first texture_ramp of the steps."""
-    ramp = spec.texture_ramp * spec.steps
-    return texture if ramp <= 0 else texture * min(1.0, step / ramp)
-
-
 def train_lm(model: LlamaForCausalLM, batch_fn: Callable[[int], Batch], spec: LMSpec,
-             progress: bool = True, desc: str = "train", layout: GeneratorLayout | None = None,
-             kernel_KK: torch.Tensor | None = None) -> dict[str, float]:
+             layout: GeneratorLayout, progress: bool = True,
+             desc: str = "train") -> dict[str, float]:
     """AdamW + warmup/cosine for spec.steps on batches batch_fn(step); returns train stats."""
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -207,7 +180,7 @@ def train_lm(model: LlamaForCausalLM, batch_fn: Callable[[int], Batch], spec: LM
         batch = batch_fn(step)
         data_s += time.perf_counter() - t0
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.bf16_autocast):
-            loss = lm_loss(model, batch, layout, kernel_KK, spec.soft_targets)
+            loss = lm_loss(model, batch, layout)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

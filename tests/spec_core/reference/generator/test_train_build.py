@@ -15,8 +15,9 @@ from spec_core.reference.generator.codec import fit_codec, pil_to_tensor
 from spec_core.reference.generator.data import SceneSpec, image_example
 from spec_core.reference.generator.layout import build_tokenizer, make_layout
 from spec_core.reference.generator.sample import generate_images, generate_video
-from spec_core.reference.generator.train import (LMSpec, image_batch, make_llama_config,
-                                                 new_model, train_lm, video_batch)
+from spec_core.reference.generator.train import (LMSpec, image_batch, init_code_embeddings,
+                                                 lm_loss, make_llama_config, new_model, train_lm,
+                                                 video_batch)
 
 torch.set_num_threads(1)
 
@@ -48,7 +49,7 @@ def test_tiny_lm_trains_saves_and_reloads_identically(tmp_path):
     model = new_model(make_llama_config(lay, lm, 512), 0)
     before = [p.detach().clone() for p in model.parameters()]
     stats = train_lm(model, lambda step: image_batch(rng, spec, codec, tok, lay, 2, 0.1), lm,
-                     progress=False)
+                     lay, progress=False)
     assert stats["steps"] == 4 and np.isfinite(stats["final_loss_ema"])
     assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
     model.save_pretrained(str(tmp_path))
@@ -58,6 +59,42 @@ def test_tiny_lm_trains_saves_and_reloads_identically(tmp_path):
         a = model(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"]).logits
         b = loaded(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"]).logits
     assert torch.equal(a, b)
+
+
+def test_noise_draw_targets():
+    rng, spec, codec, tok, lay = _setup()
+    b = image_batch(rng, spec, codec, tok, lay, 2, 0.0, noise_draws=4)
+    draws = b["draw_codes_BTR"]
+    assert draws.shape == (2, 256, 4)
+    lo, _ = lay.image_token_range
+    valid = b["labels"] != -100
+    assert torch.equal(b["labels"][valid].view(2, 256) - lo, draws[..., 0])
+    assert bool((draws[..., 0] != draws[..., 1]).any())  # fresh pixel noise per draw
+    model = new_model(make_llama_config(lay, LMSpec(hidden=32, layers=1, heads=2,
+                                                    intermediate=64), 512), 0)
+    with torch.no_grad():
+        same = dict(b, draw_codes_BTR=draws[..., :1].repeat(1, 1, 3))
+        hard = {k: v for k, v in b.items() if k != "draw_codes_BTR"}
+        assert torch.allclose(lm_loss(model, same, lay), lm_loss(model, hard, lay), atol=1e-5)
+        # histogram target = mean of the per-draw one-hot losses
+        per_draw = []
+        for r in range(4):
+            labels = b["labels"].clone()
+            labels[valid] = draws[..., r].reshape(-1) + lo
+            per_draw.append(lm_loss(model, dict(hard, labels=labels), lay))
+        assert torch.allclose(lm_loss(model, b, lay), torch.stack(per_draw).mean(), atol=1e-5)
+
+
+def test_code_embedding_init_is_structured():
+    _, _, codec, tok, lay = _setup()
+    model = new_model(make_llama_config(lay, LMSpec(hidden=32, layers=1, heads=2,
+                                                    intermediate=64), 512), 0)
+    init_code_embeddings(model, codec, lay, tok, seed=0)
+    lo, hi = lay.image_token_range
+    emb = model.get_input_embeddings().weight[lo:hi].detach()
+    d_emb = torch.cdist(emb, emb).flatten()
+    d_code = torch.cdist(codec.codebook_KD, codec.codebook_KD).flatten()
+    assert float(torch.corrcoef(torch.stack([d_emb, d_code]))[0, 1]) > 0.5
 
 
 def test_init_is_seeded():
