@@ -13,7 +13,7 @@ from spec_core.reference.tasks import TASKS, all_words, corpus_texts, make_split
 from spec_core.reference.vlm.data import TaskPool
 from spec_core.reference.vlm.evaluate import call_cost, quality
 from spec_core.reference.vlm.model import PRESETS, build_processor, build_vlm
-from spec_core.reference.vlm.perception import train_perception
+from spec_core.reference.vlm.perception import init_projector, train_perception
 from spec_core.reference.vlm.tokenizer import train_tokenizer
 from spec_core.reference.vlm.train import TRAIN_PRESETS, train_vlm
 
@@ -37,8 +37,10 @@ def build_target(preset: str, out_dir: str, seed: int = 0, samples: list[dict] |
     model = build_vlm(size, tok, seed)
     metrics: dict = {"target_params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
                      "target_train_samples": len(samples)}
-    metrics.update(train_perception(model.model.vision_tower, tcfg.vision_steps, tcfg.vision_batch,
-                                    tcfg.vision_lr, seed, log=log, progress=progress))
+    acc, heads = train_perception(model.model.vision_tower, tcfg.vision_steps, tcfg.vision_batch,
+                                  tcfg.vision_lr, seed, log=log, progress=progress)
+    metrics.update(acc)
+    init_projector(model.model.multi_modal_projector, heads)
     pool = TaskPool.build(samples, tok, size.n_patches)
     metrics.update(train_vlm(model, pool, tcfg, log=log, progress=progress))
     model.save_pretrained(out_dir)
