@@ -11,6 +11,19 @@ from spec_core.reference.drawing import render, render_video
 from spec_core.reference.scenes import (Scene, describe_for_generation, describe_motion,
                                         move_objects, sample_motion_start, sample_scene)
 
+_BACKGROUND_SUFFIX = " background"
+
+
+def image_prompt(scene: Scene) -> str:
+    """The generator's prompt: describe_for_generation with the background clause moved to the
+    front ('a gray background with a large red circle in the top left and ...'), so the object
+    phrases sit right before <boi>, where a small LM binds them most easily."""
+    text = describe_for_generation(scene)
+    head, sep, bg = text.rpartition(" on a ")
+    if not sep or not bg.endswith(_BACKGROUND_SUFFIX):
+        return text
+    return f"a {bg} with {head}"
+
 
 @dataclass(frozen=True)
 class SceneSpec:
@@ -35,7 +48,7 @@ def image_example(rng: np.random.Generator, spec: SceneSpec) -> tuple[str, Image
     """(prompt, textured image, scene) drawn from `rng`."""
     scene = sample_image_scene(rng, spec)
     image = render(scene, spec.image_size, texture=spec.texture, rng=rng)
-    return describe_for_generation(scene), image, scene
+    return image_prompt(scene), image, scene
 
 
 def image_example_draws(rng: np.random.Generator, spec: SceneSpec,
@@ -48,7 +61,7 @@ def image_example_draws(rng: np.random.Generator, spec: SceneSpec,
     else:
         still = [(0.0, 0.0)] * len(scene.objects)  # a still "video": same pattern, fresh noise
         images = render_video(scene, still, draws, spec.image_size, spec.texture, rng)
-    return describe_for_generation(scene), images, scene
+    return image_prompt(scene), images, scene
 
 
 def video_example(rng: np.random.Generator,
@@ -79,5 +92,5 @@ def heldout_prompts(seed: int, n: int, spec: SceneSpec) -> list[tuple[str, Scene
         scene = sample_image_scene(rng, spec)
         colour = largest_object_colour(scene)
         if colour is not None:
-            out.append((describe_for_generation(scene), scene, colour))
+            out.append((image_prompt(scene), scene, colour))
     return out

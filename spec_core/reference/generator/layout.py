@@ -16,7 +16,9 @@ from spec_core.reference.vocab import (BACKGROUND_NAMES, CELL_NAMES, CELL_PHRASE
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 BOI, EOI, BOV, EOV, EOF = "<boi>", "<eoi>", "<bov>", "<eov>", "<eof>"
-SPECIALS: tuple[str, ...] = (PAD, BOS, EOS, UNK, BOI, EOI, BOV, EOV, EOF)
+MAX_ROWS = 32  # row-start tokens <row_0> ... <row_31>: grids up to 32 rows (64 px at patch 2)
+ROWS: tuple[str, ...] = tuple(f"<row_{r}>" for r in range(MAX_ROWS))
+SPECIALS: tuple[str, ...] = (PAD, BOS, EOS, UNK, BOI, EOI, BOV, EOV, EOF, *ROWS)
 GENERATOR_CONFIG = "generator_config.json"
 SAMPLE = -1  # in a generation template: "sample an image token here"
 
@@ -58,6 +60,7 @@ class GeneratorLayout:
     bov: int
     eov: int
     eof: int
+    row0: int  # id of <row_0>; <row_r> = row0 + r starts row r of every image / frame
 
     @property
     def vocab_size(self) -> int:
@@ -78,6 +81,12 @@ class GeneratorLayout:
     def frame_tokens(self) -> int:
         """Image tokens per video frame."""
         return self.frame_grid_h * self.frame_grid_w
+
+    def row_token(self, r: int) -> int:
+        """Id of <row_r>, the forced token in front of row r of codes."""
+        if not 0 <= r < MAX_ROWS:
+            raise ValueError(f"Row {r} outside the {MAX_ROWS} row-start tokens.")
+        return self.row0 + r
 
     def allowed_mask(self, vocab_size: int | None = None) -> torch.Tensor:
         """Bool mask_V, True exactly on image-code tokens (SCD's structural mask)."""
@@ -114,20 +123,25 @@ def build_tokenizer(codebook_size: int) -> PreTrainedTokenizerFast:
                     for c in range(codebook_size)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK,
-        extra_special_tokens=[BOI, EOI, BOV, EOV, EOF], padding_side="left")
+        extra_special_tokens=[BOI, EOI, BOV, EOV, EOF, *ROWS], padding_side="left")
 
 
 def make_layout(tokenizer: PreTrainedTokenizerFast, codebook_size: int, grid_hw: tuple[int, int],
                 n_frames: int, frame_grid_hw: tuple[int, int]) -> GeneratorLayout:
     """Layout read off a tokenizer built by `build_tokenizer`."""
+    if max(grid_hw[0], frame_grid_hw[0]) > MAX_ROWS:
+        raise ValueError(f"Grids have at most {MAX_ROWS} rows, got {grid_hw} / {frame_grid_hw}.")
     ids = {s: tokenizer.convert_tokens_to_ids(s) for s in SPECIALS}
+    if [ids[r] for r in ROWS] != list(range(ids[ROWS[0]], ids[ROWS[0]] + MAX_ROWS)):
+        raise ValueError("Row-start tokens are not contiguous in this tokenizer.")
     offset = tokenizer.convert_tokens_to_ids(image_token(0))
     last = tokenizer.convert_tokens_to_ids(image_token(codebook_size - 1))
     if last != offset + codebook_size - 1:
         raise ValueError("Image tokens are not contiguous in this tokenizer.")
     return GeneratorLayout(offset, codebook_size, grid_hw[0], grid_hw[1], n_frames,
                            frame_grid_hw[0], frame_grid_hw[1], ids[PAD], ids[BOS], ids[EOS],
-                           ids[UNK], ids[BOI], ids[EOI], ids[BOV], ids[EOV], ids[EOF])
+                           ids[UNK], ids[BOI], ids[EOI], ids[BOV], ids[EOV], ids[EOF],
+                           ids[ROWS[0]])
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerFast, prompt: str) -> list[int]:
@@ -145,15 +159,28 @@ def video_prefix(layout: GeneratorLayout, prompt_ids: list[int]) -> list[int]:
     return [layout.bos, *prompt_ids, layout.bov]
 
 
+def _grid_template(layout: GeneratorLayout, rows: int, cols: int) -> list[int]:
+    """<row_0> SAMPLE x cols <row_1> SAMPLE x cols ...: one grid of codes with row starts (the
+    row token tells the model which row it is in, the distance to it which column)."""
+    return [t for r in range(rows) for t in [layout.row_token(r)] + [SAMPLE] * cols]
+
+
 def image_template(layout: GeneratorLayout) -> list[int]:
-    """What follows the image prefix: SAMPLE per image token, then forced <eoi> <eos>."""
-    return [SAMPLE] * layout.image_tokens + [layout.eoi, layout.eos]
+    """What follows the image prefix: the grid (forced row starts, SAMPLE per image token), then
+    forced <eoi> <eos>."""
+    return _grid_template(layout, layout.grid_h, layout.grid_w) + [layout.eoi, layout.eos]
 
 
 def video_template(layout: GeneratorLayout) -> list[int]:
-    """What follows the video prefix: per frame SAMPLE x frame_tokens then <eof>; <eov> <eos>."""
-    frame = [SAMPLE] * layout.frame_tokens + [layout.eof]
+    """What follows the video prefix: per frame the grid of frame codes then <eof>; <eov> <eos>."""
+    frame = _grid_template(layout, layout.frame_grid_h, layout.frame_grid_w) + [layout.eof]
     return frame * layout.n_frames + [layout.eov, layout.eos]
+
+
+def code_positions(template: list[int]) -> list[int]:
+    """Indices of the SAMPLE slots of a template (where image codes go; every other slot is a
+    structural token that is forced, never sampled)."""
+    return [i for i, t in enumerate(template) if t == SAMPLE]
 
 
 def fill_template(template: list[int], codes: list[int], offset: int) -> list[int]:
@@ -166,14 +193,15 @@ def fill_template(template: list[int], codes: list[int], offset: int) -> list[in
 
 
 def image_sequence(layout: GeneratorLayout, prompt_ids: list[int], codes: list[int]) -> list[int]:
-    """Full training sequence <bos> prompt <boi> codes <eoi> <eos>."""
+    """Full training sequence <bos> prompt <boi> (<row_r> codes of row r)... <eoi> <eos>."""
     return image_prefix(layout, prompt_ids) + fill_template(image_template(layout), codes,
                                                             layout.image_offset)
 
 
 def video_sequence(layout: GeneratorLayout, prompt_ids: list[int],
                    frame_codes: list[list[int]]) -> list[int]:
-    """Full sequence <bos> prompt <bov> f0 <eof> f1 <eof> ... <eov> <eos>."""
+    """Full sequence <bos> prompt <bov> f0 <eof> f1 <eof> ... <eov> <eos> (frames: row starts
+    + codes, as in images)."""
     flat = [c for f in frame_codes for c in f]
     return video_prefix(layout, prompt_ids) + fill_template(video_template(layout), flat,
                                                             layout.image_offset)

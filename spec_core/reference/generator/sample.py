@@ -121,7 +121,9 @@ def _step_probs(logits_GV: torch.Tensor, n: int, sampling: SamplingConfig,
 def sample_tokens(model: PreTrainedModel, rows: list[list[int]], template: list[int],
                   layout: GeneratorLayout, sampling: SamplingConfig,
                   generator: torch.Generator) -> SampleOutput:
-    """AR-sample the SAMPLE slots of `template` after each prefix row with a DynamicCache.
+    """AR-sample the SAMPLE slots of `template` after each prefix row with a DynamicCache; every
+    other slot (<row_r>, <eof>, ...) is a structural token, fed as is in every row and never
+    sampled, so codes and entropies cover the code slots only (layout's code_positions).
     With cfg_scale != 1, `rows` holds B conditional then B unconditional prefixes."""
     cfg = sampling.cfg_scale != 1.0
     n = len(rows) // 2 if cfg else len(rows)

@@ -42,6 +42,10 @@ class LMSpec:
     bf16_autocast: bool = True  # CPU autocast: ~1.5x faster with AMX/avx512_bf16, fp32 weights
     code_embedding_init: bool = True  # see init_code_embeddings
     noise_draws: int = 1  # images only; > 1: targets = code histogram over pixel-noise draws
+    object_weight: float = 1.0  # images only: loss weight of object (non-background) codes ...
+    object_weight_until: float = 0.0  # ... during this first fraction of the steps, then ...
+    object_weight_final: float = 1.0  # ... this one (1: the plain maximum-likelihood loss; > 1
+    # keeps the prompt binding but biases the model towards object codes: larger objects)
 
 
 def make_llama_config(layout: GeneratorLayout, spec: LMSpec, max_positions: int) -> LlamaConfig:
@@ -115,11 +119,21 @@ def _prompt(tokenizer: PreTrainedTokenizerFast, prompt: str, rng: np.random.Gene
     return [] if rng.random() < dropout else encode_prompt(tokenizer, prompt)
 
 
+def object_codes(codec: PatchCodec, codes_BT: torch.Tensor, backgrounds: list[str],
+                 threshold: float = 40.0) -> torch.Tensor:
+    """Bool object_BT: codes whose mean colour is farther than `threshold` (0..255 RGB units)
+    from the scene's background colour (object, edge and text patches)."""
+    mean_KC = codec.codebook_KD.view(codec.codebook_size, 3, -1).mean(-1) * 255.0
+    bg_BC = torch.tensor([BACKGROUNDS[b] for b in backgrounds], dtype=torch.float32)
+    return (mean_KC[codes_BT] - bg_BC[:, None]).norm(dim=-1) > threshold  # (B, T, C) -> (B, T)
+
+
 def image_batch(rng: np.random.Generator, spec: SceneSpec, codec: PatchCodec,
                 tokenizer: PreTrainedTokenizerFast, layout: GeneratorLayout, batch_size: int,
                 prompt_dropout: float, noise_draws: int = 1) -> Batch:
-    """A batch of image sequences (prompt dropped to empty with prob prompt_dropout); with
-    noise_draws > 1 also "draw_codes_BTR": the codes of R renders differing only in pixel noise."""
+    """A batch of image sequences (prompt dropped to empty with prob prompt_dropout) with
+    "object_BL" (labels that are object codes, see object_codes); with noise_draws > 1 also
+    "draw_codes_BTR": the codes of R renders differing only in pixel noise."""
     examples = [image_example_draws(rng, spec, noise_draws) for _ in range(batch_size)]
     r = len(examples[0][1])
     codes_BRT = codec.encode(pil_to_tensor([im for e in examples for im in e[1]]))
@@ -127,6 +141,9 @@ def image_batch(rng: np.random.Generator, spec: SceneSpec, codec: PatchCodec,
     seqs = [image_sequence(layout, _prompt(tokenizer, e[0], rng, prompt_dropout),
                            c[0].tolist()) for e, c in zip(examples, codes_BRT)]
     batch = collate(seqs, layout)
+    obj_BT = object_codes(codec, codes_BRT[:, 0], [e[2].background for e in examples])
+    batch["object_BL"] = torch.zeros_like(batch["labels"], dtype=torch.bool)
+    batch["object_BL"][batch["labels"] != -100] = obj_BT.flatten()  # row-major, in order
     if r > 1:
         batch["draw_codes_BTR"] = codes_BRT.transpose(1, 2).contiguous()
     return batch
@@ -144,11 +161,22 @@ def video_batch(rng: np.random.Generator, spec: SceneSpec, codec: PatchCodec,
     return collate(seqs, layout)
 
 
-def lm_loss(model: LlamaForCausalLM, batch: Batch, layout: GeneratorLayout) -> torch.Tensor:
+def lm_loss(model: LlamaForCausalLM, batch: Batch, layout: GeneratorLayout,
+            object_weight: float = 1.0) -> torch.Tensor:
     """Mean next-token cross-entropy over image-code targets. With "draw_codes_BTR" the target
     is the code histogram over noise draws of the same scene (Rao-Blackwellised: the same
-    expected gradient as the one-hot code of draw 0, less variance)."""
+    expected gradient as the one-hot code of draw 0, less variance). object_weight != 1: a
+    weighted mean, object codes ("object_BL") weighing object_weight."""
     draws = batch.get("draw_codes_BTR")
+    if object_weight != 1.0:
+        assert draws is None, "object_weight and noise draws do not combine"
+        logits_BLV = model(input_ids=batch["input_ids"],
+                           attention_mask=batch["attention_mask"]).logits
+        labels_BL = batch["labels"][:, 1:]
+        ce_BL = torch.nn.functional.cross_entropy(logits_BLV[:, :-1].float().transpose(1, 2),
+                                                  labels_BL, reduction="none")  # -100 -> 0
+        w_BL = (labels_BL != -100) * (1.0 + (object_weight - 1.0) * batch["object_BL"][:, 1:])
+        return (w_BL * ce_BL).sum() / w_BL.sum()
     if draws is None:
         return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                      labels=batch["labels"]).loss
@@ -180,7 +208,9 @@ def train_lm(model: LlamaForCausalLM, batch_fn: Callable[[int], Batch], spec: LM
         batch = batch_fn(step)
         data_s += time.perf_counter() - t0
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.bf16_autocast):
-            loss = lm_loss(model, batch, layout)
+            early = step < spec.object_weight_until * spec.steps
+            weight = spec.object_weight if early else spec.object_weight_final
+            loss = lm_loss(model, batch, layout, weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from transformers import PreTrainedTokenizerFast
 
 from spec_core.reference.generator.data import SceneSpec, image_example, video_example
-from spec_core.reference.generator.layout import (SAMPLE, GeneratorLayout, build_tokenizer,
-                                                  encode_prompt, image_sequence, image_template,
-                                                  image_token, load_generator_config,
-                                                  make_layout, save_generator_config,
-                                                  video_sequence, video_template)
+from spec_core.reference.generator.layout import (MAX_ROWS, SAMPLE, GeneratorLayout,
+                                                  build_tokenizer, code_positions, encode_prompt,
+                                                  image_sequence, image_template, image_token,
+                                                  load_generator_config, make_layout,
+                                                  save_generator_config, video_sequence,
+                                                  video_template)
 
 
 def _layout(k: int = 512) -> tuple[PreTrainedTokenizerFast, GeneratorLayout]:
@@ -22,7 +24,11 @@ def test_ids_are_consistent():
     tok, lay = _layout()
     assert lay.vocab_size == len(tok)
     specials = [lay.pad, lay.bos, lay.eos, lay.unk, lay.boi, lay.eoi, lay.bov, lay.eov, lay.eof]
-    assert len(set(specials)) == 9 and max(specials) < lay.image_offset
+    rows = [lay.row_token(r) for r in range(MAX_ROWS)]
+    assert len(set(specials + rows)) == 9 + MAX_ROWS and max(specials + rows) < lay.image_offset
+    assert tok.convert_ids_to_tokens(rows[:2]) == ["<row_0>", "<row_1>"]
+    with pytest.raises(ValueError):
+        lay.row_token(MAX_ROWS)
     assert tok.pad_token_id == lay.pad and tok.bos_token_id == lay.bos
     assert tok.eos_token_id == lay.eos
     lo, hi = lay.image_token_range
@@ -53,16 +59,31 @@ def test_sequences_follow_the_layout():
     tok, lay = _layout()
     words = encode_prompt(tok, "a large red circle in the center on a gray background")
     seq = image_sequence(lay, words, list(range(256)))
-    assert seq[0] == lay.bos and seq[len(words) + 1] == lay.boi
-    assert seq[-2:] == [lay.eoi, lay.eos] and len(seq) == len(words) + 2 + 256 + 2
-    assert seq[len(words) + 2] == lay.image_offset
+    start = len(words) + 2  # after <bos> prompt <boi>
+    assert seq[0] == lay.bos and seq[start - 1] == lay.boi
+    assert seq[-2:] == [lay.eoi, lay.eos] and len(seq) == start + 16 * (1 + 16) + 2
+    for r in range(16):  # <row_r> then the 16 codes of row r, row-major
+        row = seq[start + 17 * r:start + 17 * (r + 1)]
+        assert row == [lay.row_token(r)] + [lay.image_offset + 16 * r + c for c in range(16)]
     frames = [[f] * 64 for f in range(8)]
     vseq = video_sequence(lay, [], frames)
     assert vseq[:2] == [lay.bos, lay.bov] and vseq[-2:] == [lay.eov, lay.eos]
-    assert vseq.count(lay.eof) == 8 and len(vseq) == 2 + 8 * 65 + 2
-    assert vseq[2 + 64] == lay.eof and vseq[2 + 65] == lay.image_offset + 1
-    assert image_template(lay).count(SAMPLE) == 256
-    assert video_template(lay).count(SAMPLE) == 512
+    frame_len = 8 * (1 + 8) + 1
+    assert vseq.count(lay.eof) == 8 and len(vseq) == 2 + 8 * frame_len + 2
+    assert vseq[2] == lay.row_token(0) and vseq[2 + 9] == lay.row_token(1)
+    assert vseq[2 + frame_len - 1] == lay.eof and vseq[2 + frame_len + 1] == lay.image_offset + 1
+    for template, n in ((image_template(lay), 256), (video_template(lay), 512)):
+        pos = code_positions(template)
+        assert len(pos) == template.count(SAMPLE) == n
+        assert all(template[i] == SAMPLE for i in pos)
+        assert all(t in (lay.eoi, lay.eos, lay.eov, lay.eof) or lay.row0 <= t < lay.row0 + MAX_ROWS
+                   for i, t in enumerate(template) if i not in set(pos))
+
+
+def test_make_layout_rejects_too_many_rows():
+    tok = build_tokenizer(64)
+    with pytest.raises(ValueError):
+        make_layout(tok, 64, (MAX_ROWS + 1, 4), 8, (8, 8))
 
 
 def test_tokenizer_and_config_save_load(tmp_path):

@@ -11,7 +11,8 @@ import torch
 from spec_core.reference.generator.bundle import GeneratorBundle
 from spec_core.reference.generator.codec import fit_codec, pil_to_tensor
 from spec_core.reference.generator.data import SceneSpec, image_example
-from spec_core.reference.generator.layout import build_tokenizer, make_layout
+from spec_core.reference.generator.layout import (SAMPLE, build_tokenizer, image_template,
+                                                  make_layout)
 from spec_core.reference.generator.sample import (SamplingConfig, entropy_nats, generate_images,
                                                   generate_video, left_pad, positions_from_mask,
                                                   prefix_rows, processed_probs, sample_codes)
@@ -91,7 +92,12 @@ def _greedy_full_forward(b: GeneratorBundle, prompts: list[str], cfg_scale: floa
     rows = prefix_rows(b.tokenizer, b.layout, prompts, False, cfg_scale != 1.0)
     n = len(prompts)
     out = []
-    for _ in range(n_tokens):
+    for slot in image_template(b.layout):
+        if len(out) == n_tokens:
+            break
+        if slot != SAMPLE:  # structural token (<row_r>): forced, not sampled
+            rows = [r + [slot] for r in rows]
+            continue
         ids, mask = left_pad(rows, b.layout.pad)
         logits = b.image_lm(input_ids=ids, attention_mask=mask,
                             position_ids=positions_from_mask(mask)).logits[:, -1]

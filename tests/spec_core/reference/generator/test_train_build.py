@@ -9,15 +9,16 @@ import numpy as np
 import torch
 from transformers import LlamaForCausalLM
 
+from spec_core.reference.drawing import OBJECT_REGION, paint, render
 from spec_core.reference.generator.build import (GeneratorBuildConfig, build_generator,
                                                  evaluate_generator, load_generator)
 from spec_core.reference.generator.codec import fit_codec, pil_to_tensor
-from spec_core.reference.generator.data import SceneSpec, image_example
+from spec_core.reference.generator.data import SceneSpec, image_example, sample_image_scene
 from spec_core.reference.generator.layout import build_tokenizer, make_layout
 from spec_core.reference.generator.sample import generate_images, generate_video
 from spec_core.reference.generator.train import (LMSpec, image_batch, init_code_embeddings,
-                                                 lm_loss, make_llama_config, new_model, train_lm,
-                                                 video_batch)
+                                                 lm_loss, make_llama_config, new_model,
+                                                 object_codes, train_lm, video_batch)
 
 torch.set_num_threads(1)
 
@@ -38,8 +39,9 @@ def test_batches_mask_everything_but_image_codes():
     labels = b["labels"]
     assert int((labels != -100).sum(1).min()) == 256 and int((labels != -100).sum(1).max()) == 256
     assert bool(((labels == -100) | ((labels >= lo) & (labels < hi))).all())
+    assert not bool(((labels >= lay.row0) & (labels < lay.row0 + 16)).any())  # forced row starts
     v = video_batch(rng, spec, codec, tok, lay, 2, 1.0)  # dropout 1: empty prompts
-    assert v["input_ids"].shape == (2, 2 + 8 * 65 + 2)
+    assert v["input_ids"].shape == (2, 2 + 8 * (8 * 9 + 1) + 2)
     assert int((v["labels"] != -100).sum()) == 2 * 512
 
 
@@ -83,6 +85,37 @@ def test_noise_draw_targets():
             labels[valid] = draws[..., r].reshape(-1) + lo
             per_draw.append(lm_loss(model, dict(hard, labels=labels), lay))
         assert torch.allclose(lm_loss(model, b, lay), torch.stack(per_draw).mean(), atol=1e-5)
+
+
+def test_object_codes_and_weighted_loss():
+    rng, spec, codec, tok, lay = _setup()
+    b = image_batch(rng, spec, codec, tok, lay, 3, 0.0)
+    obj = b["object_BL"]
+    assert obj.shape == b["labels"].shape and not bool(obj[b["labels"] == -100].any())
+    assert 0 < int(obj.sum()) < int((b["labels"] != -100).sum())
+    # oracle: the painted region map (patches at least half covered by an object), with a
+    # codebook fitted on these images (the 4-image one of _setup misses some backgrounds)
+    scenes = [sample_image_scene(rng, spec) for _ in range(8)]
+    images = [render(sc, 32, spec.texture, rng) for sc in scenes]
+    fitted = fit_codec(pil_to_tensor(images), 64, 2, iters=4,
+                       generator=torch.Generator().manual_seed(0))
+    got = object_codes(fitted, fitted.encode_pil(images), [sc.background for sc in scenes])
+    regions = torch.tensor(np.stack([paint(sc, 32)[1] for sc in scenes]) >= OBJECT_REGION)
+    want = regions.float().unfold(1, 2, 2).unfold(2, 2, 2).mean((-1, -2)).flatten(1) >= 0.5
+    both = float((got & want).sum())
+    assert both / float(want.sum()) > 0.8 and both / float(got.sum()) > 0.8
+    model = new_model(make_llama_config(lay, LMSpec(hidden=32, layers=1, heads=2,
+                                                    intermediate=64), 512), 0)
+    with torch.no_grad():
+        plain = lm_loss(model, b, lay)
+        assert torch.allclose(lm_loss(model, b, lay, 1.0), plain)
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+        ce = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2),
+                                               b["labels"][:, 1:], reduction="none")
+        valid, is_obj = b["labels"][:, 1:] != -100, obj[:, 1:]
+        want = (ce[valid].sum() + 4 * ce[is_obj].sum()) / (valid.sum() + 4 * is_obj.sum())
+        assert torch.allclose(lm_loss(model, b, lay, 5.0), want, atol=1e-5)
+        assert torch.allclose(ce[valid].mean(), plain, atol=1e-5)
 
 
 def test_code_embedding_init_is_structured():
