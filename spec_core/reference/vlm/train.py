@@ -22,7 +22,9 @@ class VLMTrainConfig:
     vision_steps: int = 2000
     vision_batch: int = 32
     vision_lr: float = 2e-3
-    steps: int = 1800
+    # small, measured (2 threads): 1800 steps -> general VQA 0.32, chart 0.38, text 0.68 exact
+    # match; 3600 steps (30 min) -> 0.42, 0.62, 0.94 (still rising at the end)
+    steps: int = 3600
     batch: int = 16
     lr: float = 1e-3
     warmup: int = 100
