@@ -2,24 +2,21 @@
 
 import torch
 import torch.nn.functional as F
+from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
 from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
 
 from spec_core.reference.vlm.perception import PATCH_HEADS, PROJECTOR_HEADS, PerceptionHeads, init_projector
 
 
-class _Cfg:  # the three fields LlavaMultiModalProjector reads
-    def __init__(self, vision: int, text: int):
-        self.vision_config = type("V", (), {"hidden_size": vision})()
-        self.text_config = type("T", (), {"hidden_size": text})()
-        self.projector_hidden_act = "gelu"
-        self.multimodal_projector_bias = True
-        self.vision_feature_layer = -1
+def _config(vision: int, text: int) -> LlavaConfig:
+    return LlavaConfig(vision_config=CLIPVisionConfig(hidden_size=vision, num_attention_heads=2),
+                       text_config=LlamaConfig(hidden_size=text, num_attention_heads=2, num_key_value_heads=2), projector_hidden_act="gelu")
 
 
 def test_projector_rows_are_the_head_logits_and_word_directions():
     torch.manual_seed(0)
     heads = PerceptionHeads(32)
-    proj = LlavaMultiModalProjector(_Cfg(32, 192))
+    proj = LlavaMultiModalProjector(_config(32, 192))
     n = init_projector(proj, heads, out_std=1.0)
     assert n == sum(PATCH_HEADS[k] for k in PROJECTOR_HEADS) == 73
     feats_BPD = torch.randn(2, 5, 32)
@@ -40,7 +37,7 @@ def test_projector_rows_are_the_head_logits_and_word_directions():
 
 def test_narrow_projector_takes_the_rows_that_fit():
     heads = PerceptionHeads(16)
-    proj = LlavaMultiModalProjector(_Cfg(16, 64))
+    proj = LlavaMultiModalProjector(_config(16, 64))
     assert init_projector(proj, heads) == 64
     x = torch.randn(3, 16)
     assert torch.allclose(proj.linear_1(x), torch.cat([heads.patch[k](x) for k in PROJECTOR_HEADS], -1)[:, :64],
