@@ -1,0 +1,57 @@
+"""Target adapters: one small interface over a frozen HF VLM (see `base.TargetAdapter`), chosen by
+the model's class, and loading a target from a local model directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import (AutoConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaNextConfig,
+                          LlavaNextForConditionalGeneration, PreTrainedModel, Qwen2_5_VLConfig,
+                          Qwen2_5_VLForConditionalGeneration)
+
+from spec_core.targets.base import PrefillOutput, TargetAdapter, pack_visual, text_position_ids
+from spec_core.targets.entropy import LayerChoice, MinEntropyLayer, searched_layers
+from spec_core.targets.llava import LlavaAdapter
+from spec_core.targets.llava_next import LlavaNextAdapter
+from spec_core.targets.qwen2_5_vl import Qwen2_5_VLAdapter
+
+# config class -> (model class, adapter class)
+TARGETS = {
+    LlavaConfig: (LlavaForConditionalGeneration, LlavaAdapter),
+    LlavaNextConfig: (LlavaNextForConditionalGeneration, LlavaNextAdapter),
+    Qwen2_5_VLConfig: (Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLAdapter),
+}
+
+
+def adapter_for(model: PreTrainedModel) -> TargetAdapter:
+    """The adapter for a supported target model (exact class, not a subclass or a base model)."""
+    for model_cls, adapter_cls in TARGETS.values():
+        if type(model) is model_cls:
+            return adapter_cls(model)
+    supported = ", ".join(m.__name__ for m, _ in TARGETS.values())
+    raise ValueError(f"no target adapter for {type(model).__name__}; supported: {supported}")
+
+
+def load_target(path: str | Path, dtype: torch.dtype | None = None,
+                device: str | torch.device | None = None) -> TargetAdapter:
+    """Load a saved target from a local directory (never a hub id), frozen in eval mode."""
+    directory = Path(path)
+    if not (directory.is_dir() and (directory / "config.json").is_file()):
+        raise ValueError(f"load_target needs an existing local model directory with a config.json, "
+                         f"got {str(path)!r} (hub ids are not resolved)")
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    if type(config) not in TARGETS:
+        supported = ", ".join(c.model_type for c in TARGETS)
+        raise ValueError(f"{directory} holds a {config.model_type!r} model; supported: {supported}")
+    model_cls, adapter_cls = TARGETS[type(config)]
+    model = model_cls.from_pretrained(directory, config=config, local_files_only=True, dtype=dtype)
+    if device is not None:
+        model = model.to(device)
+    model.eval().requires_grad_(False)
+    return adapter_cls(model)
+
+
+__all__ = ["LayerChoice", "LlavaAdapter", "LlavaNextAdapter", "MinEntropyLayer", "PrefillOutput",
+           "Qwen2_5_VLAdapter", "TARGETS", "TargetAdapter", "adapter_for", "load_target",
+           "pack_visual", "searched_layers", "text_position_ids"]
