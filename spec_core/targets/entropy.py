@@ -1,16 +1,19 @@
 """Per-token choice of the intermediate target layer by minimum attention entropy (FOVEA, App. C).
 
-Layer l (1-based) is decoder layer l: its output is HF's `hidden_states[l]` (`hidden_states[0]` is
-the embeddings) and its attention is `layers[l - 1].self_attn`. The attention entropy of token n
-at layer l is the mean over heads of -sum_j a[h, n, j] log a[h, n, j] over the causal,
-padding-masked attention probabilities a of that layer.
+Hidden state l is HF's `hidden_states[l]` (`hidden_states[0]` is the embeddings, state l the
+output of the l-th decoder layer) and its attention entropy is that of the attention that READS
+it: `layers[l].self_attn`, HF's `attentions[l]` - DREAM's pairing (its released data script takes
+`hidden_states[l]` for the argmin over `attentions[l]`, l = 1..int(0.4 L) - 2, which gives the
+paper's 1..10 for 32 layers and 1..9 for Qwen2.5-VL's 28), and FOVEA follows DREAM. The
+attention entropy of token n is the mean over heads of -sum_j a[h, n, j] log a[h, n, j] over the
+causal, padding-masked attention probabilities a.
 
-The model keeps its own attention kernel (sdpa, flash, ...): a forward pre-hook on each searched
-layer's `self_attn` takes the attention input and the rotary cos/sin the model passes in (so
-Qwen2.5-VL's M-RoPE comes for free) and recomputes q and k with the layer's own projections,
-q/k norms if any and rotary function, repeats k for GQA, and softmaxes in query chunks. A forward
-hook on the layer then keeps a running argmin, so memory is the (L, B, T) entropies, one
-(B, T, D) state and one (B, N, C, T) chunk of scores.
+The model keeps its own attention kernel (sdpa, flash, ...): a forward pre-hook on decoder layer l
+keeps its input (state l), and a pre-hook on its `self_attn` takes the attention input and the
+rotary cos/sin the model passes in (so Qwen2.5-VL's M-RoPE comes for free), recomputes q and k
+with the layer's own projections, q/k norms if any and rotary function, repeats k for GQA,
+softmaxes in query chunks and updates a running argmin, so memory is the (L, B, T) entropies,
+one (B, T, D) state and one (B, N, C, T) chunk of scores.
 
 Shapes: B batch, T positions, C query chunk, N heads, H head dim, D hidden, L searched layers.
 """
@@ -28,7 +31,7 @@ from torch import nn
 class LayerChoice:
     """The per-token layer choice. Padding positions get layer -1 and a zero state."""
 
-    chosen_layer_BT: torch.Tensor   # long, in first..last (1-based, = index into HF hidden_states)
+    chosen_layer_BT: torch.Tensor   # long, in first..last (an index into HF hidden_states)
     intermediate_BTD: torch.Tensor  # hidden_states[chosen_layer_BT[b, t]][b, t]
     entropy_LBT: torch.Tensor       # float32; row i is layer first + i; +inf at padding
 
@@ -36,9 +39,9 @@ class LayerChoice:
 def searched_layers(requested: tuple[int, int], num_layers: int) -> tuple[int, int]:
     """Clamp an inclusive 1-based layer range to the layers 1..num_layers-1 that exist.
 
-    The last layer is never searched: HF's `hidden_states[num_layers]` is after the final norm
-    (the LM head's input), not the last layer's output. The reference target has 10 layers, so
-    the paper's 1..10 becomes 1..9 there.
+    State l is read by decoder layer l (0-based), so l <= num_layers - 1; HF's
+    `hidden_states[num_layers]` is after the final norm anyway. The reference target has 10
+    layers, so the paper's 1..10 becomes 1..9 there.
     """
     first, last = requested
     if first < 1 or last < first:
@@ -102,9 +105,9 @@ def attention_entropy_BT(attn: nn.Module, hidden_BTD: torch.Tensor, cos: torch.T
 
 
 class MinEntropyLayer:
-    """Context manager: while open, hooks on decoder layers first..last (1-based, inclusive)
-    track each token's minimum-entropy layer and that layer's output; `result()` after the
-    forward. Ties go to the lower layer."""
+    """Context manager: while open, hooks on decoder layers first..last (0-based: the layers that
+    read hidden states first..last) track each token's minimum-entropy state; `result()` after
+    the forward. Ties go to the lower layer."""
 
     def __init__(self, layers: nn.ModuleList, layer_range: tuple[int, int],
                  attention_mask_BT: torch.Tensor, query_chunk: int = 256):
@@ -112,15 +115,17 @@ class MinEntropyLayer:
         self.first, self.last = searched_layers(layer_range, len(layers))
         self.valid_BT = attention_mask_BT.bool()
         self.entropies: dict[int, torch.Tensor] = {}
+        self.inputs: dict[int, torch.Tensor] = {}
         self.best_BT = self.chosen_BT = self.state_BTD = None
         self.handles: list = []
 
     def __enter__(self) -> MinEntropyLayer:
-        for layer_no in range(self.first, self.last + 1):
-            decoder_layer = self.layers[layer_no - 1]
+        for state_no in range(self.first, self.last + 1):
+            decoder_layer = self.layers[state_no]  # reads hidden_states[state_no]
+            self.handles.append(decoder_layer.register_forward_pre_hook(
+                self._input_hook(state_no), with_kwargs=True))
             self.handles.append(decoder_layer.self_attn.register_forward_pre_hook(
-                self._attention_hook(layer_no), with_kwargs=True))
-            self.handles.append(decoder_layer.register_forward_hook(self._output_hook(layer_no)))
+                self._attention_hook(state_no), with_kwargs=True))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -128,31 +133,32 @@ class MinEntropyLayer:
             handle.remove()
         self.handles = []
 
-    def _attention_hook(self, layer_no: int):
+    def _input_hook(self, state_no: int):
+        def hook(module, args, kwargs):
+            self.inputs[state_no] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        return hook
+
+    def _attention_hook(self, state_no: int):
         def hook(attn, args, kwargs):
             hidden_BTD = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             if kwargs.get("position_embeddings") is None:
                 raise ValueError(f"{type(attn).__name__} gets no position_embeddings (cos, sin)")
             cos, sin = kwargs["position_embeddings"]
             entropy_BT = attention_entropy_BT(attn, hidden_BTD, cos, sin, self.valid_BT,
-                                              self.query_chunk)
-            self.entropies[layer_no] = entropy_BT.masked_fill(~self.valid_BT, float("inf"))
+                                              self.query_chunk).masked_fill(~self.valid_BT, float("inf"))
+            self.entropies[state_no] = entropy_BT
+            self._update(state_no, entropy_BT, self.inputs.pop(state_no))
         return hook
 
-    def _output_hook(self, layer_no: int):
-        def hook(module, args, output):
-            out_BTD = output[0] if isinstance(output, tuple) else output
-            entropy_BT = self.entropies[layer_no]
-            if self.best_BT is None:
-                self.best_BT = torch.full_like(entropy_BT, float("inf"))
-                self.chosen_BT = torch.full(entropy_BT.shape, -1, dtype=torch.long,
-                                            device=entropy_BT.device)
-                self.state_BTD = torch.zeros_like(out_BTD)
-            better_BT = entropy_BT < self.best_BT
-            self.best_BT = torch.where(better_BT, entropy_BT, self.best_BT)
-            self.chosen_BT = torch.where(better_BT, layer_no, self.chosen_BT)
-            self.state_BTD = torch.where(better_BT[..., None], out_BTD, self.state_BTD)
-        return hook
+    def _update(self, state_no: int, entropy_BT: torch.Tensor, state_BTD: torch.Tensor) -> None:
+        if self.best_BT is None:
+            self.best_BT = torch.full_like(entropy_BT, float("inf"))
+            self.chosen_BT = torch.full(entropy_BT.shape, -1, dtype=torch.long, device=entropy_BT.device)
+            self.state_BTD = torch.zeros_like(state_BTD)
+        better_BT = entropy_BT < self.best_BT
+        self.best_BT = torch.where(better_BT, entropy_BT, self.best_BT)
+        self.chosen_BT = torch.where(better_BT, state_no, self.chosen_BT)
+        self.state_BTD = torch.where(better_BT[..., None], state_BTD, self.state_BTD)
 
     def result(self) -> LayerChoice:
         assert self.chosen_BT is not None, "no forward ran through the searched layers"

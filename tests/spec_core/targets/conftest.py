@@ -105,7 +105,8 @@ def brute_force_entropy(model, inputs: dict, first: int, last: int):
     assert eager.config.text_config._attn_implementation == "eager"
     with torch.no_grad():
         out = eager(**inputs, output_attentions=True, output_hidden_states=True)
-    ent_LBT = torch.stack([torch.special.entr(out.attentions[l - 1].float()).sum(-1).mean(1)
+    # hidden state l is paired with the attention that reads it, attentions[l] (DREAM's pairing)
+    ent_LBT = torch.stack([torch.special.entr(out.attentions[l].float()).sum(-1).mean(1)
                            for l in range(first, last + 1)])  # (B,N,T,T) -> (B,T)
     return ent_LBT, out.hidden_states
 
