@@ -110,6 +110,17 @@ def init_projector(projector: nn.Module, heads: PerceptionHeads, out_std: float 
     return n
 
 
+def object_patch_accuracy(heads: PerceptionHeads, feats_BPD: torch.Tensor,
+                          labels: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Colour / shape / size accuracy on object patches only. The all-patch figure hides
+    failures behind the easy empty patches (measured: shape 0.87 on all patches, 0.49 on
+    object patches)."""
+    obj_BP = labels["shape"] > 0
+    n = max(int(obj_BP.sum()), 1)
+    return {f"{k}_objects": int(((heads.patch[k](feats_BPD).argmax(-1) == labels[k]) & obj_BP).sum()) / n
+            for k in ("colour", "shape", "size")}
+
+
 def patch_features(tower: CLIPVisionModel, pixel_values_BCHW: torch.Tensor) -> torch.Tensor:
     """What LLaVA reads with vision_feature_layer=-1, strategy 'default': last layer, CLS dropped."""
     out = tower(pixel_values=pixel_values_BCHW, output_hidden_states=True)
@@ -146,7 +157,9 @@ def train_perception(tower: CLIPVisionModel, steps: int, batch: int, lr: float, 
     n_test = min(256, max(32, n_pool))
     test_px, test_labels = scene_batch(np.random.default_rng([seed, 202]), n_test, cfg.image_size, cfg.patch_size)
     with torch.no_grad():
-        _, acc = heads.loss(patch_features(tower, test_px), test_labels)
+        feats_BPD = patch_features(tower, test_px)
+        _, acc = heads.loss(feats_BPD, test_labels)
+        acc |= object_patch_accuracy(heads, feats_BPD, test_labels)
     acc = {f"vision_acc_{k}": round(v, 4) for k, v in acc.items()}
     acc["vision_train_seconds"] = round(time.perf_counter() - t0, 1)
     return acc, heads

@@ -5,7 +5,8 @@ import torch.nn.functional as F
 from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
 from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
 
-from spec_core.reference.vlm.perception import PATCH_HEADS, PROJECTOR_HEADS, PerceptionHeads, init_projector
+from spec_core.reference.vlm.perception import (PATCH_HEADS, PROJECTOR_HEADS, PerceptionHeads, init_projector,
+                                                object_patch_accuracy)
 
 
 def _config(vision: int, text: int) -> LlavaConfig:
@@ -43,3 +44,22 @@ def test_narrow_projector_takes_the_rows_that_fit():
     assert torch.allclose(proj.linear_1(x), torch.cat([heads.patch[k](x) for k in PROJECTOR_HEADS], -1)[:, :64],
                           atol=1e-5)
     assert F.gelu(proj.linear_1(x)).shape == (3, 64)
+
+
+def test_object_patch_accuracy_counts_object_patches_only():
+    """Heads that read one-hot label features exactly; one object patch wrong, empties ignored."""
+    dims = {k: PATCH_HEADS[k] for k in ("colour", "shape", "size")}
+    heads = PerceptionHeads(sum(dims.values()))
+    with torch.no_grad():
+        off = 0
+        for k, c in dims.items():
+            heads.patch[k].weight.zero_()
+            heads.patch[k].bias.zero_()
+            heads.patch[k].weight[:, off: off + c] = torch.eye(c)
+            off += c
+    labels = {"colour": torch.tensor([[1, 2, 0, 0]]), "shape": torch.tensor([[3, 4, 0, 0]]),
+              "size": torch.tensor([[1, 2, 0, 0]])}
+    feats = torch.cat([F.one_hot(labels[k], c).float() for k, c in dims.items()], -1)
+    feats[0, 1, dims["colour"] + 4] = 0.0  # patch 1 now reads as shape 0: one object patch wrong
+    acc = object_patch_accuracy(heads, feats, labels)
+    assert acc == {"colour_objects": 1.0, "shape_objects": 0.5, "size_objects": 1.0}
