@@ -32,5 +32,9 @@ $PY scripts/build_reference.py --size "$WORLD" --out "$REFERENCE"
 step "synth_data: the reference world's six-task dataset, rendered with Ray Data"
 $PY jobs/synth_data.py --config manifests/jobs/synth_data.yaml --set "run.output_uri=$OUT" "${DATA_SET[@]}"
 
+step "build_manifests: the drafter's training pool and evaluation manifests from the reference world"
+$PY jobs/build_manifests.py --config manifests/jobs/build_manifests.yaml \
+    --set "run.output_uri=$OUT" --set "data.vars.REF=$REFERENCE"
+
 step "summary"
 $PY scripts/demo_summary.py "$OUT" "$REFERENCE"
