@@ -20,9 +20,11 @@ bash scripts/install.sh
 if [ "$QUICK" = 1 ]; then
   WORLD=tiny
   DATA_SET=(--set 'data.per_task={train: 10, eval: 5}')
+  PRECOMPUTE_LIMIT=null
 else
   WORLD=small
   DATA_SET=()
+  PRECOMPUTE_LIMIT=1200   # of the 12,000 training samples: a few CPU minutes
 fi
 REFERENCE="${REFERENCE:-runs/reference/$WORLD}"
 
@@ -34,7 +36,12 @@ $PY jobs/synth_data.py --config manifests/jobs/synth_data.yaml --set "run.output
 
 step "build_manifests: the drafter's training pool and evaluation manifests from the reference world"
 $PY jobs/build_manifests.py --config manifests/jobs/build_manifests.yaml \
-    --set "run.output_uri=$OUT" --set "data.vars.REF=$REFERENCE"
+    --set "run.output_uri=$OUT" --set run.run_id=reference --set "data.vars.REF=$REFERENCE"
+
+step "precompute: drafter-training artifacts from the frozen target (Ray Data, actor pool)"
+$PY jobs/precompute.py --config manifests/jobs/precompute.yaml --set "run.output_uri=$OUT" \
+    --set "data.manifest=$OUT/build_manifests/reference/train.parquet" \
+    --set "target.path=$REFERENCE/target" --set "data.limit=$PRECOMPUTE_LIMIT"
 
 step "summary"
 $PY scripts/demo_summary.py "$OUT" "$REFERENCE"

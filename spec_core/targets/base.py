@@ -49,6 +49,17 @@ def text_position_ids(attention_mask_BT: torch.Tensor) -> torch.Tensor:
     return (attention_mask_BT.long().cumsum(-1) - 1).clamp_min(0) * attention_mask_BT.long()
 
 
+def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad for batched generation -> (input_ids_BT, attention_mask_BT)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, width - len(s):] = torch.tensor(s)
+        mask[b, width - len(s):] = 1
+    return ids, mask
+
+
 def pack_visual(image_mask_BT: torch.Tensor, features_ND: torch.Tensor | None, hidden: int,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-sample visual tokens from all images' features concatenated in sequence order (the

@@ -54,17 +54,6 @@ def decode_png(data: bytes) -> Image.Image:
     return Image.open(io.BytesIO(data)).convert("RGB")
 
 
-def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad for batched generation -> (input_ids_BT, attention_mask_BT)."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids[b, width - len(s):] = torch.tensor(s)
-        mask[b, width - len(s):] = 1
-    return ids, mask
-
-
 @dataclass
 class TaskPool:
     """Pre-encoded training examples, batched by task so that padding stays small."""

@@ -15,9 +15,10 @@ from collections import defaultdict
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LlavaForConditionalGeneration, PreTrainedTokenizerFast
 
-from spec_core.reference.vlm.data import decode_png, encode_prompt, pad_left
+from spec_core.reference.vlm.data import decode_png, encode_prompt
 from spec_core.reference.vlm.model import pixels
 from spec_core.reference.vocab import COLOURS, SHAPES, SIZES
+from spec_core.targets.base import pad_left
 
 MAX_NEW = {"captioning": 200, "reasoning": 260}
 SHORT_TASKS = ("general_vqa", "text_vqa", "chart_vqa", "multi_turn")

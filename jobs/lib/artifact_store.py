@@ -1,0 +1,97 @@
+"""The precompute job's on-storage layout: shard tables, commit markers, the index.
+
+    <artifacts>/samples/shard-00007.parquet   one row per sample (SAMPLES_SCHEMA)
+    <artifacts>/visual/shard-00007.parquet    projected visual tokens, once per image (VISUAL_SCHEMA)
+    <artifacts>/rejects/shard-00007.parquet   samples that could not be used, with a reason
+    <artifacts>/_committed/shard-00007.json   written last: the shard is complete (counts, bytes)
+    <artifacts>/index.json                    written at the end: schema, target identity, shards
+
+Shard k always holds the same manifest rows, every file is written atomically (one PUT, or
+write + rename), and a shard counts only once its marker exists: a killed run is rerun by
+redoing exactly the shards without a marker, so nothing is lost or duplicated. An image's visual
+tokens live in its owner shard (the first shard that uses it): deduplicated across the run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs.lib.storage import Storage, join
+
+ARTIFACT_VERSION = 1
+
+SAMPLES_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("source", pa.string()),
+    ("task", pa.string()),
+    ("image_sha256", pa.string()),           # key into the visual tables
+    ("n_tokens", pa.int32()),                # T
+    ("input_ids", pa.list_(pa.int32())),     # (T,)
+    ("loss_mask", pa.list_(pa.bool_())),     # (T,) assistant tokens
+    ("final_hidden", pa.binary()),           # (T, D) 16-bit, row-major
+    ("mid_pos", pa.list_(pa.int32())),       # (S,) supervised positions
+    ("mid_layer", pa.list_(pa.uint8())),     # (S,) min-attention-entropy hidden state index
+    ("mid_hidden", pa.binary()),             # (S, D) 16-bit
+])
+VISUAL_SCHEMA = pa.schema([
+    ("image_sha256", pa.string()),
+    ("n_visual", pa.int32()),                # N (the validity mask is arange(P) < N)
+    ("visual", pa.binary()),                 # (N, D) 16-bit projector output
+])
+REJECTS_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("source", pa.string()),
+    ("stage", pa.string()),                  # encode | target
+    ("reason", pa.string()),
+])
+KINDS = {"samples": SAMPLES_SCHEMA, "visual": VISUAL_SCHEMA, "rejects": REJECTS_SCHEMA}
+
+
+def shard_name(k: int) -> str:
+    return f"shard-{k:05d}"
+
+
+def marker_uri(root: str, k: int) -> str:
+    return join(root, "_committed", f"{shard_name(k)}.json")
+
+
+def committed_shards(store: Storage, root: str) -> dict[int, dict]:
+    """shard index -> its marker record."""
+    out = {}
+    for name in store.list(join(root, "_committed")):
+        if name.startswith("shard-") and name.endswith(".json"):
+            out[int(name[6:11])] = json.loads(store.read_text(join(root, "_committed", name)))
+    return out
+
+
+def table_bytes(table: pa.Table, metadata: dict[str, str]) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table.replace_schema_metadata(metadata), buf, compression="zstd")
+    return buf.getvalue()
+
+
+def commit_shard(store: Storage, root: str, k: int, rows: dict[str, list[dict]],
+                 metadata: dict[str, str], record: dict) -> dict:
+    """Write the shard's tables (rows per kind), then its marker (the commit). Returns the
+    record with the bytes of the artifact tables."""
+    written = 0
+    for kind, kind_rows in rows.items():
+        data = table_bytes(pa.Table.from_pylist(kind_rows, schema=KINDS[kind]), metadata)
+        store.write_bytes(join(root, kind, f"{shard_name(k)}.parquet"), data)
+        written += len(data) if kind != "rejects" else 0
+    record = {**record, "shard": k, "bytes": written}
+    store.write_text(marker_uri(root, k), json.dumps(record))
+    return record
+
+
+def read_kind(store: Storage, root: str, kind: str) -> pa.Table:
+    """All committed shards' rows of one kind, in shard order."""
+    tables = []
+    for k in sorted(committed_shards(store, root)):
+        uri = join(root, kind, f"{shard_name(k)}.parquet")
+        tables.append(pq.read_table(io.BytesIO(store.read_bytes(uri))))
+    return pa.concat_tables(tables) if tables else KINDS[kind].empty_table()

@@ -1,0 +1,131 @@
+"""jobs/precompute.py on a tiny reference target: artifacts equal a direct prefill of each
+sample, loss masks equal the reference encoder's, rejects are recorded, and a killed run rerun
+gives every sample exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import AutoProcessor
+
+from jobs.lib.artifact_store import committed_shards, read_kind
+from jobs.lib.storage import Storage
+from jobs.precompute import PrecomputeConfig, main
+from spec_core.reference.tasks import TASKS, make_split
+from spec_core.reference.vlm.build import build_target
+from spec_core.reference.vlm.data import IGNORE, decode_png, encode_conversation
+from spec_core.reference.vlm.model import pixels
+from spec_core.targets import load_target
+from spec_core.targets.artifacts import from_16bit, supervised_positions
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny target (seconds to train) and a manifest-shaped table of its samples."""
+    root = tmp_path_factory.mktemp("pc")
+    samples = [s for t in TASKS for s in make_split(t, 4, 0, "train")]
+    build_target("tiny", str(root / "target"), samples=samples)
+    rows = [{"id": s["id"], "source": s["task"], "split": "train", "task": s["task"], "image_uri": None,
+             "image_bytes": s["image_png"], "image_sha256": s["image_sha256"],
+             "conversation": s["conversation"]} for s in samples]
+    manifest = root / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), manifest)
+    return root, samples, manifest
+
+
+def _cfg(root: Path, manifest: Path, out: Path, **data) -> PrecomputeConfig:
+    return PrecomputeConfig.model_validate({
+        "run": {"output_uri": str(out)}, "ray": {"num_cpus": 2},
+        "data": {"manifest": str(manifest), "shard_size": 5, **data},
+        "target": {"path": str(root / "target")}, "compute": {"batch_size": 3}})
+
+
+def test_artifacts_equal_a_direct_prefill(world, ray_local, tmp_path):
+    root, samples, manifest = world
+    m = main(_cfg(root, manifest, tmp_path))
+    store, art = Storage(), m["figures"]["artifacts_uri"]
+    table = read_kind(store, art, "samples").to_pylist()
+    assert sorted(r["id"] for r in table) == sorted(s["id"] for s in samples)
+    assert m["figures"]["samples"] == len(samples) and 0 < m["figures"]["naive_bytes_ratio"] < 1
+    visual = {r["image_sha256"]: r for r in read_kind(store, art, "visual").to_pylist()}
+    assert len(visual) == len({s["image_sha256"] for s in samples})  # once per image
+
+    adapter = load_target(root / "target")
+    tokenizer = AutoProcessor.from_pretrained(root / "target").tokenizer
+    by_id = {s["id"]: s for s in samples}
+    D = adapter.text_config.hidden_size
+    for r in table[::7]:
+        s = by_id[r["id"]]
+        ids, labels = encode_conversation(tokenizer, list(s["conversation"]), adapter.model.config.image_seq_length)
+        assert r["input_ids"] == ids and r["loss_mask"] == [lab != IGNORE for lab in labels]
+        out = adapter.prefill({"input_ids": torch.tensor([ids]), "pixel_values": pixels([decode_png(s["image_png"])])},
+                              adapter.default_entropy_layers)
+        final = from_16bit(np.frombuffer(r["final_hidden"], np.uint16).reshape(-1, D), "float16")
+        assert torch.allclose(final, out.final_hidden_BTD[0], atol=2e-3, rtol=2e-3)
+        sup = supervised_positions(np.array(r["loss_mask"]))
+        assert r["mid_pos"] == sup.tolist()
+        assert r["mid_layer"] == out.chosen_layer_BT[0, sup].tolist()
+        mid = from_16bit(np.frombuffer(r["mid_hidden"], np.uint16).reshape(-1, D), "float16")
+        assert torch.allclose(mid, out.intermediate_BTD[0, sup], atol=2e-3, rtol=2e-3)
+        v = visual[r["image_sha256"]]
+        vis = from_16bit(np.frombuffer(v["visual"], np.uint16).reshape(v["n_visual"], D), "float16")
+        assert torch.allclose(vis, out.visual_BPD[0], atol=2e-3, rtol=2e-3)
+
+
+def test_bad_rows_are_rejected_with_reasons(world, ray_local, tmp_path):
+    root, samples, manifest = world
+    rows = pq.read_table(manifest).slice(0, 6).to_pylist()
+    rows[1]["image_bytes"] = b"not a png"
+    rows[2]["conversation"] = []
+    rows[3]["conversation"] = rows[3]["conversation"][:1]  # no assistant turn
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), bad)
+    m = main(_cfg(root, bad, tmp_path / "out", max_length=40))  # the long captions are too long
+    rejects = read_kind(Storage(), m["figures"]["artifacts_uri"], "rejects").to_pylist()
+    reasons = {r["id"]: r["reason"] for r in rejects}
+    assert reasons[rows[1]["id"]].startswith("image unreadable")
+    assert reasons[rows[2]["id"]] == "empty conversation"
+    assert "does not end with an assistant" in reasons[rows[3]["id"]]
+    kept = read_kind(Storage(), m["figures"]["artifacts_uri"], "samples").column("id").to_pylist()
+    assert set(kept) | set(reasons) == {r["id"] for r in rows} and not set(kept) & set(reasons)
+    assert any(v.startswith("too long") for v in reasons.values())
+    assert m["counts"]["rejects"] == len(rejects)
+
+
+def test_a_killed_run_reruns_to_exactly_once(world, tmp_path):
+    root, samples, manifest = world
+    out = tmp_path / "out"
+    args = [sys.executable, str(REPO / "jobs/precompute.py"), "--config", str(REPO / "manifests/jobs/precompute.yaml"),
+            "--set", f"run.output_uri={out}", "--set", f"data.manifest={manifest}", "--set", "data.shard_size=2",
+            "--set", f"target.path={root / 'target'}", "--set", "ray.num_cpus=2", "--set", "compute.batch_size=1"]
+    env = {**os.environ, "SPEC_NO_PROGRESS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen(args, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    art = None
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        found = list(out.glob("precompute/*/artifacts/_committed/*.json"))
+        if len(found) >= 2:
+            art = found[0].parents[1]
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert art is not None, "the job committed no shard before the deadline"
+    n_shards = -(-len(samples) // 2)
+    assert len(committed_shards(Storage(), str(art))) < n_shards  # killed part-way
+    subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    ids = read_kind(Storage(), str(art), "samples").column("id").to_pylist()
+    assert len(ids) == len(set(ids)) == len(samples)  # 0 lost, 0 duplicated
+    assert sorted(ids) == sorted(s["id"] for s in samples)
