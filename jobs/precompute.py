@@ -114,8 +114,8 @@ def main(cfg: PrecomputeConfig) -> dict:
             ds = ray.data.from_items(pending, override_num_blocks=len(pending))
             ds = ds.map(EncodeShard, fn_constructor_kwargs=dict(
                 manifest_uri=cfg.data.manifest, target_path=target_path, storage=storage,
-                max_length=cfg.data.max_length), concurrency=1, num_cpus=1)
-            ds = ds.map_batches(TargetStage, batch_size=1, concurrency=cfg.compute.num_actors,
+                max_length=cfg.data.max_length), compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1)
+            ds = ds.map_batches(TargetStage, batch_size=1, compute=ray.data.ActorPoolStrategy(size=cfg.compute.num_actors),
                                 num_gpus=cfg.compute.num_gpus_per_actor, num_cpus=cfg.compute.num_cpus_per_actor,
                                 fn_constructor_kwargs=dict(
                                     target_path=target_path, dtype=cfg.target.dtype,

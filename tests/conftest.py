@@ -67,6 +67,39 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture
+def ray_head(tmp_path):
+    """A separate `ray start --head --block` cluster (with the dashboard, for `ray job submit`) in
+    its own process group, on loopback; yields (GCS address, env, dashboard URL). The env puts
+    this interpreter's bin first on PATH, so that `python` in a submitted job is ours."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    port, dash = free_port(), free_port()
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    head = subprocess.Popen(
+        [str(Path(bin_dir) / "ray"), "start", "--head", "--block", f"--port={port}",
+         "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=true",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+         f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield f"127.0.0.1:{port}", env, f"http://127.0.0.1:{dash}"
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+        marker = Path("/tmp/ray/ray_current_cluster")  # left behind by `ray start`
+        if marker.is_file() and str(port) in marker.read_text():
+            marker.unlink()
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests need CUDA: without it they are skipped (and only they are)."""
     import torch
