@@ -95,7 +95,11 @@ def main(cfg: PrecomputeConfig) -> dict:
     store = Storage(cfg.storage)
     run_dir = cfg.run_dir("precompute")
     root = join(run_dir, "artifacts")
-    if not store.exists(cfg.data.manifest):
+    try:
+        found = store.exists(cfg.data.manifest)
+    except Exception as err:  # noqa: BLE001 - storage clients raise their own types
+        raise ConnectionError(f"cannot reach the manifest's storage: {err}") from err
+    if not found:
         raise FileNotFoundError(f"manifest {cfg.data.manifest} does not exist")
     ident = target_identity(cfg.target.path)
     rec = RunRecorder("precompute", cfg, run_dir, store)
@@ -151,6 +155,8 @@ def finish(rec: RunRecorder, store: Storage, root: str, shards: list[dict], done
     rec.figure("samples", n)
     rec.figure("rejects", dict(reasons))
     rec.figure("shards_this_run", len(this))
+    rec.figure("encode_seconds", round(sum(r["encode_seconds"] for r in this), 1))
+    rec.figure("target_seconds", round(busy, 1))
     rec.figure("tokens_per_s", round(sum(r["tokens"] for r in this) / max(wall, 1e-9), 1))
     rec.figure("samples_per_s", round(sum(r["samples"] for r in this) / max(wall, 1e-9), 2))
     rec.figure("bytes_written", written)
@@ -170,7 +176,12 @@ def rejects(store: Storage, root: str):
 
 
 if __name__ == "__main__":
-    m = main(cli(PrecomputeConfig, description=__doc__))
+    cfg = cli(PrecomputeConfig, description=__doc__)
+    try:  # an unreadable manifest or target, or unreachable storage: one line, exit 1, nothing committed
+        m = main(cfg)
+    except (FileNotFoundError, PermissionError, ConnectionError) as err:
+        print(f"precompute: {type(err).__name__}: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
     f = m["figures"]
     print(f"precompute: {f['samples']} samples, rejects {f['rejects']}, {f['bytes_per_sample']} B/sample "
           f"({f['naive_bytes_ratio']}x a naive dump) -> {f['artifacts_uri']}")

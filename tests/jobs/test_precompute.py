@@ -152,3 +152,13 @@ def test_ray_job_submit_to_a_started_head(world, ray_head, tmp_path):
     assert r.returncode == 0 and "succeeded" in r.stdout, (r.stdout + r.stderr)[-3000:]
     metrics = json.loads(next(tmp_path.glob("precompute/*/metrics.json")).read_text())
     assert metrics["figures"]["ray"] == "joined" and metrics["figures"]["samples"] == 6
+
+
+def test_missing_manifest_is_one_line_and_commits_nothing(tmp_path):
+    r = subprocess.run([sys.executable, str(REPO / "jobs/precompute.py"), "--config",
+                        str(REPO / "manifests/jobs/precompute.yaml"), "--set", f"run.output_uri={tmp_path}",
+                        "--set", f"data.manifest={tmp_path / 'nope.parquet'}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"precompute: FileNotFoundError: manifest {tmp_path / 'nope.parquet'} does not exist"]
+    assert not list(tmp_path.rglob("_committed"))
