@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 
 from pydantic import Field  # noqa: E402
 
-from jobs.lib.artifact_store import ARTIFACT_VERSION, committed_shards, read_kind  # noqa: E402
+from jobs.lib.artifact_store import ARTIFACT_VERSION, committed_shards  # noqa: E402
 from jobs.lib.config import Strict, cli  # noqa: E402
 from jobs.lib.job import JobConfig  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
@@ -64,11 +64,10 @@ class PrecomputeConfig(JobConfig):
 def plan_shards(store: Storage, manifest: str, limit: int | None, shard_size: int) -> list[dict]:
     """Deterministic shards over the manifest's row order; each image's visual tokens belong to
     the first shard that uses it."""
-    import io
-
     import pyarrow.parquet as pq
 
-    shas = pq.read_table(io.BytesIO(store.read_bytes(manifest)), columns=["image_sha256"]).column(0).to_pylist()
+    fs, path = store.arrow_fs(manifest)
+    shas = pq.read_table(path, filesystem=fs, columns=["image_sha256"]).column(0).to_pylist()  # one column only
     shas = shas[:limit] if limit else shas
     owner: dict[str, int] = {}
     for i, sha in enumerate(shas):
@@ -168,11 +167,6 @@ def finish(rec: RunRecorder, store: Storage, root: str, shards: list[dict], done
     rec.figure("peak_private_mb_per_actor", round(max((r.get("peak_private_mb", 0) for r in this), default=0), 1))
     rec.figure("artifacts_uri", root)
     return rec.finish()
-
-
-def rejects(store: Storage, root: str):
-    """All rejects of a run (id, source, stage, reason)."""
-    return read_kind(store, root, "rejects")
 
 
 if __name__ == "__main__":
