@@ -117,7 +117,7 @@ class TargetStage:
         self.root, self.store = artifacts_uri, Storage(StorageConfig(**storage))
         self.metadata = {k: str(v) for k, v in metadata.items()}
         self.pad_id = self.adapter.model.config.text_config.pad_token_id or 0
-        self.busy, self.peak_private_mb = 0.0, 0.0
+        self.peak_private_mb = 0.0
 
     def _micro_batch(self, group: list[dict]) -> list[dict]:
         import torch
@@ -139,7 +139,7 @@ class TargetStage:
         from jobs.lib.artifact_store import commit_shard
         from spec_core.targets.artifacts import naive_bytes
 
-        records = []
+        shards = []
         for i in range(len(batch["shard"])):
             t0 = time.perf_counter()
             data = pickle.loads(batch["payload"][i])
@@ -163,7 +163,6 @@ class TargetStage:
             tables = {"samples": rows, "visual": sorted(visual.values(), key=lambda v: v["image_sha256"]),
                       "rejects": data["rejects"]}
             busy = time.perf_counter() - t0
-            self.busy += busy
             self.peak_private_mb = max(self.peak_private_mb, private_rss_mb())
             rec = commit_shard(self.store, self.root, int(batch["shard"][i]), tables, self.metadata, {
                 "samples": len(rows), "rejects": len(data["rejects"]), "naive_bytes": naive, "tokens": tokens,
@@ -172,5 +171,5 @@ class TargetStage:
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "peak_private_mb": self.peak_private_mb,
                 "finished_unix": time.time()})
-            records.append(rec)
-        return {"record": [pickle.dumps(r) for r in records]}
+            shards.append(rec["shard"])
+        return {"shard": shards}  # the shard records are the commit markers, read by the driver

@@ -15,39 +15,26 @@ from PIL import Image
 from transformers import PreTrainedTokenizerFast
 
 from spec_core.reference.vlm.model import pixels
+from spec_core.targets.encode import encode_with_mask, expand_image_tokens
 
 IGNORE = -100
-
-
-def expand_image_tokens(ids: list[int], image_id: int, n: int) -> list[int]:
-    """Replace each single `<image>` id by n copies (one per projected visual token)."""
-    out: list[int] = []
-    for i in ids:
-        out.extend([image_id] * n if i == image_id else [i])
-    return out
 
 
 def encode_conversation(tok: PreTrainedTokenizerFast, conversation: list[dict], n_patches: int,
                         ) -> tuple[list[int], list[int]]:
     """(input_ids, labels) of a whole conversation; labels are IGNORE outside assistant spans."""
-    out = tok.apply_chat_template(conversation, tokenize=True, return_dict=True,
-                                  return_assistant_tokens_mask=True)
+    ids, mask = encode_with_mask(tok, conversation)
     image_id = tok.convert_tokens_to_ids("<image>")
-    ids, mask = out["input_ids"], out["assistant_masks"]
-    labels = [t if m else IGNORE for t, m in zip(ids, mask)]
-    ids_x, labels_x = [], []
-    for t, lab in zip(ids, labels):
-        reps = n_patches if t == image_id else 1
-        ids_x.extend([t] * reps)
-        labels_x.extend([lab] * reps)
-    return ids_x, labels_x
+    ids, mask = expand_image_tokens(ids, mask, image_id, [n_patches] * ids.count(image_id))
+    return ids, [t if m else IGNORE for t, m in zip(ids, mask)]
 
 
 def encode_prompt(tok: PreTrainedTokenizerFast, turns: list[dict], n_patches: int) -> list[int]:
     """Prompt ids for generation: the conversation so far plus the assistant header."""
     ids = tok.apply_chat_template(turns, tokenize=True, add_generation_prompt=True,
                                   return_dict=True)["input_ids"]
-    return expand_image_tokens(ids, tok.convert_tokens_to_ids("<image>"), n_patches)
+    image_id = tok.convert_tokens_to_ids("<image>")
+    return expand_image_tokens(ids, [False] * len(ids), image_id, [n_patches] * ids.count(image_id))[0]
 
 
 def decode_png(data: bytes) -> Image.Image:
