@@ -13,7 +13,6 @@ same config redoes only uncommitted shards: a killed job loses and duplicates no
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from collections import Counter
@@ -79,14 +78,6 @@ def plan_shards(store: Storage, manifest: str, limit: int | None, shard_size: in
     return shards
 
 
-def target_identity(path: str) -> dict:
-    cfg = Path(path) / "config.json"
-    if not cfg.is_file():
-        raise FileNotFoundError(f"target.path {path!r} is not a local model directory (no config.json)")
-    return {"target_path": path, "target_config_sha256": hashlib.sha256(cfg.read_bytes()).hexdigest()[:16],
-            "hidden_size": json.loads(cfg.read_text()).get("text_config", {}).get("hidden_size")}
-
-
 def main(cfg: PrecomputeConfig) -> dict:
     import ray
 
@@ -99,6 +90,8 @@ def main(cfg: PrecomputeConfig) -> dict:
         raise ConnectionError(f"cannot reach the manifest's storage: {err}") from err
     if not found:
         raise FileNotFoundError(f"manifest {cfg.data.manifest} does not exist")
+    from spec_core.targets import target_identity
+
     ident = target_identity(cfg.target.path)
     rec = RunRecorder("precompute", cfg, run_dir, store)
     shards = plan_shards(store, cfg.data.manifest, cfg.data.limit, cfg.data.shard_size)

@@ -3,6 +3,8 @@ the model's class, and loading a target from a local model directory."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -33,6 +35,17 @@ def adapter_for(model: PreTrainedModel) -> TargetAdapter:
     raise ValueError(f"no target adapter for {type(model).__name__}; supported: {supported}")
 
 
+def target_identity(path: str | Path) -> dict:
+    """What artifacts and drafters record of the target they belong to: its directory, a hash of
+    its config.json, and the text model's hidden and vocabulary sizes."""
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        raise FileNotFoundError(f"target path {str(path)!r} is not a local model directory (no config.json)")
+    text = json.loads(cfg.read_text()).get("text_config", {})
+    return {"target_path": str(path), "target_config_sha256": hashlib.sha256(cfg.read_bytes()).hexdigest()[:16],
+            "hidden_size": text.get("hidden_size"), "vocab_size": text.get("vocab_size")}
+
+
 def load_target(path: str | Path, dtype: torch.dtype | None = None,
                 device: str | torch.device | None = None) -> TargetAdapter:
     """Load a saved target from a local directory (never a hub id), frozen in eval mode."""
@@ -54,4 +67,4 @@ def load_target(path: str | Path, dtype: torch.dtype | None = None,
 
 __all__ = ["LayerChoice", "LlavaAdapter", "LlavaNextAdapter", "MinEntropyLayer", "PrefillOutput",
            "Qwen2_5_VLAdapter", "TARGETS", "TargetAdapter", "adapter_for", "load_target",
-           "pack_visual", "searched_layers", "text_position_ids"]
+           "pack_visual", "searched_layers", "target_identity", "text_position_ids"]

@@ -1,0 +1,52 @@
+"""Configuration of the FOVEA drafter and of its training objective (paper Table 5 defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RETRIEVAL_MODES = ("cumulative", "fixed", "dense")
+
+
+@dataclass(frozen=True)
+class FoveaConfig:
+    """Architecture of one drafter; the blocks copy the target's decoder-layer type and config."""
+
+    n_blocks: int = 2               # paper: 2 for 7B-class targets, 3 for 13B
+    correction_depth: int = 1       # visual correction at draft depths <= this (paper: 1)
+    retrieval: str = "cumulative"   # cumulative (Eq. 5-7) | fixed (top k_fixed) | dense (all valid)
+    rho: float = 0.8                # cumulative-mass threshold
+    k_min: int = 32
+    k_max: int = 256
+    k_fixed: int = 16               # the appendix's K_r for fixed mode
+    visual_correction: bool = True  # ablation "w/o visual correction": an EAGLE-style drafter
+    depth_embedding: bool = True    # ablation "w/o depth embedding"
+    gate: bool = True               # ablation "w/o correction gate" (g = 1)
+    correction_hidden: int = 512    # hidden width of the correction and gate MLPs
+    max_depth: int = 16             # depth-embedding rows; deeper nodes share the last one
+    train_depth: int = 3            # draft steps unrolled in training (training-time test)
+
+    def __post_init__(self):
+        if self.retrieval not in RETRIEVAL_MODES:
+            raise ValueError(f"retrieval must be one of {RETRIEVAL_MODES}, not {self.retrieval!r}")
+        if self.n_blocks < 1 or self.train_depth < 1 or self.max_depth < 0:
+            raise ValueError("n_blocks and train_depth must be >= 1, max_depth >= 0")
+        if not 0.0 < self.rho <= 1.0:
+            raise ValueError(f"rho must be in (0, 1], not {self.rho}")
+        if not 1 <= self.k_min <= self.k_max or self.k_fixed < 1:
+            raise ValueError("need 1 <= k_min <= k_max and k_fixed >= 1")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Eq. 10-19 weights, paper Table 5; k_c is the candidate width of the draft tree (6)."""
+
+    lambda_hid: float = 1.0
+    lambda_kl: float = 0.2
+    lambda_tok: float = 1.0
+    beta_h: float = 1.0
+    beta_mid: float = 0.1
+    beta_ce: float = 1.5
+    beta_cmp: float = 0.5
+    margin: float = 0.5
+    k_c: int = 6
+    gamma_w: float = 1.0

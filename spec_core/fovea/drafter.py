@@ -1,0 +1,134 @@
+"""The FOVEA drafter: a feature-level drafter (EAGLE/DREAM family) with visual correction.
+
+Input at position t: fc([embed(x_{t+1}); f_t]) where f_t is the target's final feature (or, deeper
+in a draft, the drafter's own uncorrected state), then `n_blocks` decoder layers of the target's
+own class and attention layout. Block 1's output is the intermediate draft state, the last block's
+the draft state h; at depths <= correction_depth the LM head scores RMSNorm(h + g c) instead of h
+(`VisualCorrection`), while h itself is what is fed back and what the KV cache holds.
+
+The embedding table and LM head are frozen copies of the target's; they are not saved with the
+drafter (the directory records which target they come from and `from_pretrained` takes it).
+Positions are the drafter's own sequence indices (1-D; M-RoPE layers get them on all three axes).
+
+Shapes: B batch, T positions (queries), K keys (cached + new), D hidden, V vocabulary,
+P memory entries, S draft states.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from spec_core.fovea.config import FoveaConfig
+from spec_core.fovea.correction import Correction, VisualCorrection, VisualMemory
+
+FORMAT = "fovea-drafter/1"
+FROZEN = ("embed_tokens.", "lm_head.")
+
+
+class FoveaDrafter(nn.Module):
+    def __init__(self, cfg: FoveaConfig, text_config, layer_cls: type[nn.Module],
+                 rotary_cls: type[nn.Module], target: dict | None = None):
+        super().__init__()
+        self.cfg, self.target = cfg, dict(target or {})
+        block_config = copy.deepcopy(text_config)
+        block_config.num_hidden_layers = cfg.n_blocks
+        block_config._attn_implementation = "sdpa"  # explicit 4-D masks (causal, unrolled, tree)
+        self.block_config = block_config
+        D, V = text_config.hidden_size, text_config.vocab_size
+        self.embed_tokens = nn.Embedding(V, D).requires_grad_(False)
+        self.lm_head = nn.Linear(D, V, bias=False).requires_grad_(False)
+        self.fc = nn.Linear(2 * D, D)
+        self.layers = nn.ModuleList(layer_cls(block_config, layer_idx=i) for i in range(cfg.n_blocks))
+        self.rotary = rotary_cls(config=block_config)
+        self.correction = VisualCorrection(D, cfg, eps=getattr(text_config, "rms_norm_eps", 1e-6)) \
+            if cfg.visual_correction else None
+
+    # --- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_target(cls, adapter, cfg: FoveaConfig, target: dict | None = None) -> FoveaDrafter:
+        """A fresh drafter for a target adapter (frozen copies of its embedding and LM head).
+        `target`: what to record of the target (e.g. `spec_core.targets.target_identity`)."""
+        text = adapter.text_config
+        info = {"model_type": getattr(text, "model_type", None), "hidden_size": text.hidden_size,
+                "vocab_size": text.vocab_size, **(target or {})}
+        drafter = cls(cfg, text, adapter.decoder_layer_cls, adapter.rotary_cls, info)
+        drafter.embed_tokens.weight.data.copy_(adapter.embed_tokens.weight.detach().float())
+        drafter.lm_head.weight.data.copy_(adapter.lm_head.weight.detach().float())
+        return drafter.to(adapter.embed_tokens.weight.dtype)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """config.json + model.safetensors (trainable weights only)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()
+                 if not k.startswith(FROZEN)}
+        save_file(state, str(out / "model.safetensors"), metadata={"format": FORMAT})
+        (out / "config.json").write_text(json.dumps(
+            {"format": FORMAT, "fovea": asdict(self.cfg), "target": self.target}, indent=2))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, adapter) -> FoveaDrafter:
+        """Load a saved drafter onto the target it was trained for (checked by sizes and, when
+        both are known, the target config hash). Never unpickles."""
+        src = Path(directory)
+        meta = json.loads((src / "config.json").read_text())
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{src} is not a FOVEA drafter directory (format {meta.get('format')!r})")
+        text = adapter.text_config
+        mine = {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size}
+        recorded = {k: meta["target"].get(k) for k in mine}
+        if mine != recorded:
+            raise ValueError(f"drafter {src} was trained for a target with {recorded}, this target has {mine}")
+        drafter = cls.from_target(adapter, FoveaConfig(**meta["fovea"]), meta["target"])
+        state = load_file(str(src / "model.safetensors"))
+        missing, unexpected = drafter.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.startswith(FROZEN)]
+        if missing or unexpected:
+            raise ValueError(f"drafter weights do not match its config: missing {missing}, unexpected {unexpected}")
+        return drafter
+
+    # --- forward pieces --------------------------------------------------------------------------
+    def input_states(self, input_ids_BT: torch.Tensor, feature_BTD: torch.Tensor) -> torch.Tensor:
+        """fc([embed(token); feature]): token is the one after the feature's position."""
+        x = torch.cat([self.embed_tokens(input_ids_BT).to(feature_BTD.dtype), feature_BTD], dim=-1)
+        return self.fc(x)
+
+    def blocks(self, x_BTD: torch.Tensor, position_ids_BT: torch.Tensor, attend_BTK: torch.Tensor,
+               cache=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the decoder blocks. attend_BTK (bool) says which of the K = cached + T keys each
+        query sees. With a cache (a transformers Cache) the new keys/values are appended to it.
+        Returns (last block output h, first block output)."""
+        mask = torch.zeros(attend_BTK.shape, dtype=x_BTD.dtype, device=x_BTD.device)
+        mask = mask.masked_fill(~attend_BTK, torch.finfo(x_BTD.dtype).min)[:, None]  # (B, 1, T, K)
+        pos_emb = self.rotary(x_BTD, position_ids_BT)
+        h, first = x_BTD, None
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_ids=position_ids_BT, cache=cache,
+                      use_cache=cache is not None, position_embeddings=pos_emb)
+            first = h if first is None else first
+        return h, first
+
+    def memory(self, visual_BPD: torch.Tensor, valid_BP: torch.Tensor) -> VisualMemory | None:
+        """The per-image visual memory (None without visual correction)."""
+        if self.correction is None:
+            return None
+        return self.correction.memory(visual_BPD.to(self.fc.weight.dtype), valid_BP)
+
+    def correct(self, h_BSD: torch.Tensor, depth_BS: torch.Tensor, mem: VisualMemory | None) -> Correction:
+        """The state the LM head scores (corrected at shallow depths)."""
+        if self.correction is None or mem is None:
+            return Correction(h_BSD, torch.zeros_like(depth_BS), torch.ones_like(h_BSD[..., 0]))
+        return self.correction(h_BSD, depth_BS, mem)
+
+    def logits(self, hidden_BSD: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_BSD.to(self.lm_head.weight.dtype))
