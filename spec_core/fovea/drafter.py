@@ -6,8 +6,8 @@ own class and attention layout. Block 1's output is the intermediate draft state
 the draft state h; at depths <= correction_depth the LM head scores RMSNorm(h + g c) instead of h
 (`VisualCorrection`), while h itself is what is fed back and what the KV cache holds.
 
-The embedding table and LM head are frozen copies of the target's; they are not saved with the
-drafter (the directory records which target they come from and `from_pretrained` takes it).
+The embedding table and LM head are frozen copies of the target's, saved with the drafter so that
+a drafter directory loads on its own (its config records the target it belongs to).
 Positions are the drafter's own sequence indices (1-D; M-RoPE layers get them on all three axes).
 
 Shapes: B batch, T positions (queries), K keys (cached + new), D hidden, V vocabulary,
@@ -17,30 +17,42 @@ P memory entries, S draft states.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers import AutoConfig, AutoModel
 
 from spec_core.fovea.config import FoveaConfig
 from spec_core.fovea.correction import Correction, VisualCorrection, VisualMemory
 
 FORMAT = "fovea-drafter/1"
-FROZEN = ("embed_tokens.", "lm_head.")
+
+
+def text_model_classes(text_config) -> tuple[type[nn.Module], type[nn.Module]]:
+    """(decoder layer class, rotary embedding class) of a text config's model, found by building
+    that model on the meta device (no memory, no weights): the same classes the target runs."""
+    with torch.device("meta"):
+        model = AutoModel.from_config(text_config)
+    return type(model.layers[0]), type(model.rotary_emb)
+
+
+def _text_config_from_dict(d: dict):
+    d = dict(d)
+    return AutoConfig.for_model(d.pop("model_type"), **d)
 
 
 class FoveaDrafter(nn.Module):
-    def __init__(self, cfg: FoveaConfig, text_config, layer_cls: type[nn.Module],
-                 rotary_cls: type[nn.Module], target: dict | None = None):
+    def __init__(self, cfg: FoveaConfig, text_config, target: dict | None = None):
         super().__init__()
-        self.cfg, self.target = cfg, dict(target or {})
+        self.cfg, self.target, self.text_config = cfg, dict(target or {}), text_config
         block_config = copy.deepcopy(text_config)
         block_config.num_hidden_layers = cfg.n_blocks
         block_config._attn_implementation = "sdpa"  # explicit 4-D masks (causal, unrolled, tree)
-        self.block_config = block_config
+        layer_cls, rotary_cls = text_model_classes(block_config)
         D, V = text_config.hidden_size, text_config.vocab_size
         self.embed_tokens = nn.Embedding(V, D).requires_grad_(False)
         self.lm_head = nn.Linear(D, V, bias=False).requires_grad_(False)
@@ -52,13 +64,19 @@ class FoveaDrafter(nn.Module):
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_target(cls, adapter, cfg: FoveaConfig, target: dict | None = None) -> FoveaDrafter:
-        """A fresh drafter for a target adapter (frozen copies of its embedding and LM head).
-        `target`: what to record of the target (e.g. `spec_core.targets.target_identity`)."""
+    def from_target(cls, target_model, cfg: FoveaConfig | None = None, identity: dict | None = None,
+                    **config) -> FoveaDrafter:
+        """A fresh (untrained) drafter for a target: an HF VLM or its `TargetAdapter`. Frozen
+        copies of the target's embedding and LM head; `config` overrides FoveaConfig fields;
+        `identity`: what to record of the target (e.g. `spec_core.targets.target_identity`)."""
+        from spec_core.targets import TargetAdapter, adapter_for
+
+        adapter = target_model if isinstance(target_model, TargetAdapter) else adapter_for(target_model)
+        cfg = dataclasses.replace(cfg or FoveaConfig(), **config)
         text = adapter.text_config
         info = {"model_type": getattr(text, "model_type", None), "hidden_size": text.hidden_size,
-                "vocab_size": text.vocab_size, **(target or {})}
-        drafter = cls(cfg, text, adapter.decoder_layer_cls, adapter.rotary_cls, info)
+                "vocab_size": text.vocab_size, **(identity or {})}
+        drafter = cls(cfg, text, info)
         drafter.embed_tokens.weight.data.copy_(adapter.embed_tokens.weight.detach().float())
         drafter.lm_head.weight.data.copy_(adapter.lm_head.weight.detach().float())
         return drafter.to(adapter.embed_tokens.weight.dtype)
@@ -67,35 +85,34 @@ class FoveaDrafter(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """config.json + model.safetensors (trainable weights only)."""
+        """config.json + model.safetensors, self-contained: the frozen embedding and LM head
+        copies are saved too, so a drafter loads without its target."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()
-                 if not k.startswith(FROZEN)}
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(out / "model.safetensors"), metadata={"format": FORMAT})
         (out / "config.json").write_text(json.dumps(
-            {"format": FORMAT, "fovea": asdict(self.cfg), "target": self.target}, indent=2))
+            {"format": FORMAT, "fovea": dataclasses.asdict(self.cfg), "target": self.target,
+             "text_config": self.text_config.to_dict()}, indent=2, default=str))
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, adapter) -> FoveaDrafter:
-        """Load a saved drafter onto the target it was trained for (checked by sizes and, when
-        both are known, the target config hash). Never unpickles."""
+    def from_pretrained(cls, directory: str | Path, target_model=None) -> FoveaDrafter:
+        """Load a saved drafter (never unpickles). With `target_model` (HF VLM or adapter),
+        check that it is a target of the sizes the drafter was trained for."""
         src = Path(directory)
         meta = json.loads((src / "config.json").read_text())
         if meta.get("format") != FORMAT:
             raise ValueError(f"{src} is not a FOVEA drafter directory (format {meta.get('format')!r})")
-        text = adapter.text_config
-        mine = {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size}
-        recorded = {k: meta["target"].get(k) for k in mine}
-        if mine != recorded:
-            raise ValueError(f"drafter {src} was trained for a target with {recorded}, this target has {mine}")
-        drafter = cls.from_target(adapter, FoveaConfig(**meta["fovea"]), meta["target"])
+        if target_model is not None:
+            text = getattr(target_model, "text_config", None) or target_model.config.text_config
+            mine = {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size}
+            recorded = {k: meta["target"].get(k) for k in mine}
+            if mine != recorded:
+                raise ValueError(f"drafter {src} was trained for a target with {recorded}, this target has {mine}")
+        drafter = cls(FoveaConfig(**meta["fovea"]), _text_config_from_dict(meta["text_config"]), meta["target"])
         state = load_file(str(src / "model.safetensors"))
-        missing, unexpected = drafter.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.startswith(FROZEN)]
-        if missing or unexpected:
-            raise ValueError(f"drafter weights do not match its config: missing {missing}, unexpected {unexpected}")
-        return drafter
+        drafter.load_state_dict(state, strict=True)  # a mismatch raises, naming the keys
+        return drafter.to(state["fc.weight"].dtype)
 
     # --- forward pieces --------------------------------------------------------------------------
     def input_states(self, input_ids_BT: torch.Tensor, feature_BTD: torch.Tensor) -> torch.Tensor:

@@ -105,11 +105,6 @@ class TargetAdapter(ABC):
         return type(self.decoder_layers[0])
 
     @property
-    def rotary_cls(self) -> type[nn.Module]:
-        """The decoder's rotary-embedding class (built from a text config)."""
-        return type(self.model.model.language_model.rotary_emb)
-
-    @property
     def text_config(self) -> PreTrainedConfig:
         return self.model.config.text_config
 

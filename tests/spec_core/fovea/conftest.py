@@ -24,7 +24,7 @@ def qwen_adapter():
 
 def drafter_for(adapter, seed: int = 0, **overrides) -> FoveaDrafter:
     torch.manual_seed(seed)
-    return FoveaDrafter.from_target(adapter, FoveaConfig(**{**SMALL, **overrides}))
+    return FoveaDrafter.from_target(adapter, **{**SMALL, **overrides})
 
 
 def synthetic_batch(hidden: int, lengths=(14, 10), answer: int = 5, n_visual=(6, 3), seed: int = 0):

@@ -52,7 +52,7 @@ def test_save_load_round_trip_is_exact(llava_adapter, tmp_path):
     d.save_pretrained(tmp_path)
     meta = json.loads((tmp_path / "config.json").read_text())
     assert meta["target"]["hidden_size"] == 32 and meta["fovea"]["k_max"] == 4
-    back = FoveaDrafter.from_pretrained(tmp_path, llava_adapter)
+    back = FoveaDrafter.from_pretrained(tmp_path)
     for (n, a), (_, b) in zip(d.state_dict().items(), back.state_dict().items()):
         assert torch.equal(a, b), n
     batch = synthetic_batch(32)
@@ -66,9 +66,22 @@ def test_loading_onto_another_target_is_refused(llava_adapter, qwen_adapter, tmp
     (tmp_path / "config.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="trained for a target"):
         FoveaDrafter.from_pretrained(tmp_path, llava_adapter)
+    with pytest.raises(ValueError, match="trained for a target"):
+        FoveaDrafter.from_pretrained(tmp_path, llava_adapter.model)  # the HF model works too
     (tmp_path / "config.json").write_text('{"format": "pickle"}')
     with pytest.raises(ValueError, match="not a FOVEA drafter"):
         FoveaDrafter.from_pretrained(tmp_path, llava_adapter)
+
+
+def test_from_an_hf_model_with_config_keywords_and_a_qwen_round_trip(qwen_adapter, tmp_path):
+    d = FoveaDrafter.from_target(qwen_adapter.model, n_blocks=1, k_min=2, k_max=4)
+    assert d.cfg.n_blocks == 1 and d.cfg.k_max == 4 and d.cfg.rho == 0.8
+    assert torch.equal(d.lm_head.weight, qwen_adapter.lm_head.weight)
+    d.save_pretrained(tmp_path)
+    back = FoveaDrafter.from_pretrained(tmp_path, qwen_adapter)
+    assert type(back.layers[0]) is Qwen2_5_VLDecoderLayer
+    batch = synthetic_batch(32)
+    assert torch.equal(drafter_loss(d, batch).loss, drafter_loss(back, batch).loss)
 
 
 def test_cached_blocks_equal_one_full_causal_pass(llava_adapter):
