@@ -13,6 +13,7 @@ import io
 import os
 import pickle
 import resource
+import socket
 import time
 
 import numpy as np
@@ -30,40 +31,38 @@ def _image(row: dict, store: Storage):
     return img.convert("RGB")
 
 
-def encode_row(row: dict, processor, store: Storage, max_length: int) -> dict:
-    """One manifest row -> input_ids, loss_mask and processor image inputs (raises EncodeError,
-    OSError or ValueError with the reject reason)."""
-    from spec_core.targets.encode import EncodeError, align_to_expanded, encode_with_mask
+def encode_row(row: dict, encoder, store: Storage, max_length: int | None) -> dict:
+    """One manifest row -> input_ids (placeholders expanded), loss_mask and the target's image
+    arrays: one path for every target, its image inputs from `encoder` (chosen by the target's
+    config class). Raises EncodeError, OSError or ValueError with the reject reason; max_length
+    None skips the length check (the target stage checks after regenerating answers)."""
+    from spec_core.targets.encode import MANIFEST_IMAGE, EncodeError, encode_with_mask, expand_image_tokens
 
-    tok = processor.tokenizer
-    image_id = tok.convert_tokens_to_ids(processor.image_token)
-    conv = [{"role": t["role"], "content": t["content"]} for t in (row["conversation"] or [])]
-    ids, mask = encode_with_mask(tok, conv)
+    conv = [{"role": t["role"], "content": t["content"].replace(MANIFEST_IMAGE, encoder.image_text)
+             if isinstance(t["content"], str) else t["content"]} for t in (row["conversation"] or [])]
+    ids, mask = encode_with_mask(encoder.tokenizer, conv)
     if row.get("image_bytes") is None and not row.get("image_uri"):
         raise EncodeError("no image")
     try:
         image = _image(row, store)
     except Exception as err:  # noqa: BLE001 - any decode failure is the sample's, not the job's
         raise EncodeError(f"image unreadable: {type(err).__name__}: {err}") from None
-    text = tok.apply_chat_template(conv, tokenize=False)
-    inputs = processor(text=text, images=image, add_special_tokens=False, return_tensors="np")
-    expanded = inputs["input_ids"][0].tolist()
-    if len(expanded) > max_length:
-        raise EncodeError(f"too long: {len(expanded)} tokens > max_length {max_length}")
-    loss = align_to_expanded(ids, mask, expanded, image_id)
-    images = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
-    return {"input_ids": expanded, "loss_mask": loss, "images": images}
+    images = encoder([image])
+    ids, mask = expand_image_tokens(ids, mask, encoder.image_token_id, images.counts)
+    if max_length is not None and len(ids) > max_length:
+        raise EncodeError(f"too long: {len(ids)} tokens > max_length {max_length}")
+    return {"input_ids": ids, "loss_mask": mask, "images": images.arrays}
 
 
 class EncodeShard:
     """CPU stage: {shard, start, stop, owners} -> the same row plus the pickled encoded samples."""
 
-    def __init__(self, manifest_uri: str, target_path: str, storage: dict, max_length: int):
-        from transformers import AutoProcessor
+    def __init__(self, manifest_uri: str, target_path: str, storage: dict, max_length: int | None):
+        from spec_core.targets.encode import load_image_encoder
 
         self.store, self.max_length = Storage(StorageConfig(**storage)), max_length
         self.manifest = pq.read_table(io.BytesIO(self.store.read_bytes(manifest_uri)))
-        self.processor = AutoProcessor.from_pretrained(target_path, local_files_only=True)
+        self.encoder = load_image_encoder(target_path)
 
     def __call__(self, item: dict) -> dict:
         from spec_core.targets.encode import EncodeError
@@ -73,7 +72,7 @@ class EncodeShard:
         samples, rejects = [], []
         for row in rows.to_pylist():
             try:
-                enc = encode_row(row, self.processor, self.store, self.max_length)
+                enc = encode_row(row, self.encoder, self.store, self.max_length)
             except (EncodeError, ValueError, OSError) as err:
                 rejects.append({"id": row["id"], "source": row.get("source"), "stage": "encode", "reason": str(err)})
                 continue
@@ -98,11 +97,19 @@ def private_rss_mb() -> float:
 
 
 class TargetStage:
-    """Actor stage: one frozen target per actor; each call processes and commits whole shards."""
+    """Actor stage: one frozen target per actor; each call processes and commits whole shards.
+
+    With response_source "target" the actor first regenerates the shard's answers (self-
+    distillation) with the same frozen target it then prefills: a separate generation stage
+    would hold a second copy of the weights per GPU and ship every encoded shard through the
+    object store twice, and regenerating inside the shard keeps the shard the unit of commit
+    (a killed run regenerates exactly the uncommitted shards; greedy answers come out the same).
+    """
 
     def __init__(self, target_path: str, dtype: str, entropy_layers: tuple[int, int] | None,
                  hidden_dtype: str, batch_size: int, artifacts_uri: str, storage: dict, metadata: dict,
-                 cpu_threads: int = 1):
+                 cpu_threads: int = 1, response_source: str = "dataset", max_new_tokens: int = 512,
+                 max_length: int | None = None):
         import torch
 
         from spec_core.targets import load_target
@@ -118,22 +125,35 @@ class TargetStage:
         self.metadata = {k: str(v) for k, v in metadata.items()}
         self.pad_id = self.adapter.model.config.text_config.pad_token_id or 0
         self.peak_private_mb = 0.0
+        self.distill = (SelfDistill(self.adapter.model, target_path, max_new_tokens, self.pad_id, batch_size)
+                        if response_source == "target" else None)
+        self.max_length = max_length
 
     def _micro_batch(self, group: list[dict]) -> list[dict]:
-        import torch
-
         from spec_core.targets.artifacts import sample_artifacts
         from spec_core.targets.base import pad_left
+        from spec_core.targets.encode import collate_image_inputs
 
         ids_BT, mask_BT = pad_left([s["input_ids"] for s in group], self.pad_id)
-        batch = {"input_ids": ids_BT, "attention_mask": mask_BT}
-        for key in group[0]["images"]:
-            batch[key] = torch.from_numpy(np.concatenate([s["images"][key] for s in group]))
+        batch = {"input_ids": ids_BT, "attention_mask": mask_BT, **collate_image_inputs([s["images"] for s in group])}
         out = self.adapter.prefill(batch, self.layers)
         arts = []
         for b, s in enumerate(group):
             arts.append(sample_artifacts(out, b, ids_BT, mask_BT, np.asarray(s["loss_mask"]), self.hidden_dtype))
         return arts
+
+    def _regenerate(self, samples: list[dict], rejects: list[dict]) -> tuple[list[dict], int]:
+        """Answers replaced by the target's; samples now over max_length join the rejects."""
+        samples, truncated = self.distill(samples)
+        kept = []
+        for s in samples:
+            if self.max_length is not None and len(s["input_ids"]) > self.max_length:
+                rejects.append({"id": s["id"], "source": s["source"], "stage": "target", "reason":
+                                f"too long: {len(s['input_ids'])} tokens > max_length {self.max_length} "
+                                "with the target's answers"})
+            else:
+                kept.append(s)
+        return kept, truncated
 
     def __call__(self, batch: dict) -> dict:
         from jobs.lib.artifact_store import commit_shard
@@ -143,6 +163,10 @@ class TargetStage:
         for i in range(len(batch["shard"])):
             t0 = time.perf_counter()
             data = pickle.loads(batch["payload"][i])
+            truncated, t_gen = 0, time.perf_counter()
+            if self.distill is not None:
+                data["samples"], truncated = self._regenerate(data["samples"], data["rejects"])
+            t_gen = time.perf_counter() - t_gen
             owners = set(batch["owners"][i].split(",")) if batch["owners"][i] else set()
             samples = sorted(data["samples"], key=lambda s: len(s["input_ids"]))
             rows, visual, naive, tokens = [], {}, 0, 0
@@ -167,9 +191,73 @@ class TargetStage:
             rec = commit_shard(self.store, self.root, int(batch["shard"][i]), tables, self.metadata, {
                 "samples": len(rows), "rejects": len(data["rejects"]), "naive_bytes": naive, "tokens": tokens,
                 "reject_reasons": [r["reason"] for r in data["rejects"]], "busy_seconds": busy,
-                "encode_seconds": float(batch["encode_seconds"][i]), "actor": os.getpid(),
+                "encode_seconds": float(batch["encode_seconds"][i]), "actor": f"{socket.gethostname()}:{os.getpid()}",
+                "generate_seconds": t_gen, "truncated_answers": truncated,
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "peak_private_mb": self.peak_private_mb,
                 "finished_unix": time.time()})
             shards.append(rec["shard"])
         return {"shard": shards}  # the shard records are the commit markers, read by the driver
+
+
+class SelfDistill:
+    """response_source "target": every assistant span of a shard's samples replaced by the
+    frozen target's greedy answer given the conversation so far, turn by turn (round r answers
+    every sample's r-th turn, in micro-batches, with the answers of rounds < r already in the
+    prompt). Token for token: the stored span is exactly what `generate` returned."""
+
+    def __init__(self, model, target_path: str, max_new_tokens: int, pad_id: int, batch_size: int):
+        from transformers import GenerationConfig
+
+        from spec_core.targets.encode import load_image_encoder
+
+        self.model, self.pad_id, self.batch_size = model, pad_id, batch_size
+        self.encoder = load_image_encoder(target_path)  # per-token inputs (Qwen: mm_token_type_ids)
+        eos = model.generation_config.eos_token_id
+        eos = model.config.text_config.eos_token_id if eos is None else eos
+        self.stop_ids = [eos] if isinstance(eos, int) else list(eos)
+        # greedy over the raw logits (what speculative verification compares against): a
+        # checkpoint's own defaults such as Qwen's repetition_penalty 1.05 are overridden; an
+        # image placeholder is never generated (it would need an image feature to prefill)
+        self.config = GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, repetition_penalty=1.0,
+            no_repeat_ngram_size=0, eos_token_id=self.stop_ids, pad_token_id=pad_id,
+            suppress_tokens=[self.encoder.image_token_id])
+
+    def _generate(self, prompts: list[list[int]], images: list[dict]) -> list[list[int]]:
+        import torch
+
+        from spec_core.targets.base import pad_left
+        from spec_core.targets.encode import collate_image_inputs
+
+        ids_BT, mask_BT = pad_left(prompts, self.pad_id)
+        batch = {"input_ids": ids_BT, "attention_mask": mask_BT, **collate_image_inputs(images),
+                 **self.encoder.token_inputs(ids_BT)}
+        dtype = next(self.model.parameters()).dtype
+        batch = {k: v.to(self.model.device, dtype if v.is_floating_point() else v.dtype) for k, v in batch.items()}
+        with torch.no_grad():
+            out_BT = self.model.generate(**batch, generation_config=self.config)
+        return out_BT[:, ids_BT.shape[1]:].tolist()  # new tokens; pads after a stop are cut by splice_answer
+
+    def __call__(self, samples: list[dict]) -> tuple[list[dict], int]:
+        """-> (samples with the target's answers, answers cut by max_new_tokens)."""
+        from spec_core.targets.encode import assistant_spans, splice_answer
+
+        samples = [dict(s) for s in samples]
+        truncated, turn = 0, 0
+        while True:
+            todo = [(i, spans[turn]) for i, s in enumerate(samples)
+                    if len(spans := assistant_spans(s["loss_mask"])) > turn]
+            if not todo:
+                return samples, truncated
+            todo.sort(key=lambda t: t[1][0])  # similar prompt lengths together: less padding
+            for j in range(0, len(todo), self.batch_size):
+                group = todo[j: j + self.batch_size]
+                answers = self._generate([samples[i]["input_ids"][:span[0]] for i, span in group],
+                                         [samples[i]["images"] for i, _ in group])
+                for (i, span), answer in zip(group, answers):
+                    s = samples[i]
+                    s["input_ids"], s["loss_mask"], cut = splice_answer(s["input_ids"], s["loss_mask"], span,
+                                                                        answer, self.stop_ids)
+                    truncated += cut
+            turn += 1

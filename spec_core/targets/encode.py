@@ -12,14 +12,30 @@ Image placeholders stay one token each in the template; `expand_image_tokens` th
 i-th one counts[i] times (one per projected visual token, as the HF processors do), carrying the
 mask along, and `align_to_expanded` maps a mask onto ids a processor has already expanded.
 
-Shapes: T tokens of one sample (lists, not tensors: this runs per sample in CPU workers).
+Images -> model inputs without the model: `load_image_encoder(directory)` picks, by the saved
+config's class, an encoder giving the tokenizer, the text that stands for one image, the image
+arrays and the placeholder count per image (`ImageInputs`), and the per-token inputs `generate`
+needs. LLaVA and LLaVA-NeXT use their saved HF processor (`ProcessorImageEncoder`); Qwen2.5-VL's
+processor cannot be built without torchvision, so it has its own (`qwen2_5_vl.Qwen2_5_VLImageEncoder`).
+
+Self-distillation (`assistant_spans`, `splice_answer`): a target's own answer replaces an
+assistant span token for token, so stored spans are exactly what the target generated.
+
+Shapes: T tokens of one sample (lists, not tensors: this runs per sample in CPU workers),
+B batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple, Protocol
 
-from transformers import PreTrainedTokenizerBase
+import numpy as np
+import torch
+from transformers import PreTrainedConfig, PreTrainedTokenizerBase
+
+MANIFEST_IMAGE = "<image>"  # how a manifest marks an image in a turn (jobs/lib/manifests.py)
 
 
 class EncodeError(ValueError):
@@ -114,4 +130,104 @@ def align_to_expanded(ids: Sequence[int], mask: Sequence[bool], expanded: Sequen
             j += 1
     if j != len(expanded):
         raise EncodeError(f"processor output has {len(expanded) - j} extra tokens")
+    return out
+
+
+def assistant_spans(mask: Sequence[bool]) -> list[tuple[int, int]]:
+    """The maximal runs of True in a loss mask, as [start, end) in order: one per assistant turn."""
+    spans, start = [], None
+    for t, m in enumerate(list(mask) + [False]):
+        if m and start is None:
+            start = t
+        elif not m and start is not None:
+            spans.append((start, t))
+            start = None
+    return spans
+
+
+def splice_answer(ids: Sequence[int], mask: Sequence[bool], span: tuple[int, int], answer: Sequence[int],
+                  stop_ids: Sequence[int]) -> tuple[list[int], list[bool], bool]:
+    """Replace the assistant span [start, end) by a generated answer cut after its first stop
+    token -> (ids, mask, truncated). An answer without a stop token (cut by max_new_tokens) is
+    closed with the span's own last token if that is a stop token (the template's end of turn,
+    so later turns stay well-formed), unsupervised: the target did not produce it."""
+    start, end = span
+    cut = next((k + 1 for k, t in enumerate(answer) if t in stop_ids), None)
+    if cut is not None:
+        new, new_mask = list(answer[:cut]), [True] * cut
+    else:
+        closer = [ids[end - 1]] if ids[end - 1] in stop_ids else []
+        new, new_mask = list(answer) + closer, [True] * len(answer) + [False] * len(closer)
+    return list(ids[:start]) + new + list(ids[end:]), list(mask[:start]) + new_mask + list(mask[end:]), cut is None
+
+
+class ImageInputs(NamedTuple):
+    """A target's image inputs for some images, built on CPU without the model."""
+
+    arrays: dict[str, np.ndarray]  # model kwargs batched on axis 0: pixel_values, image_sizes | image_grid_thw
+    counts: list[int]              # placeholder tokens per image (= its projected visual tokens)
+
+
+class ImageEncoder(Protocol):
+    """What the CPU stage needs from a target directory (chosen by `load_image_encoder`)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    image_token_id: int
+    image_text: str  # the text of one image in a turn (replaces the manifest's MANIFEST_IMAGE)
+
+    def __call__(self, images: list) -> ImageInputs: ...
+
+    def token_inputs(self, input_ids_BT: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-token model inputs derived from the ids that `generate` needs besides them."""
+
+
+class ProcessorImageEncoder:
+    """Targets whose saved HF processor loads without torchvision (LLaVA, LLaVA-NeXT with PIL
+    image processors): its image processor makes the arrays and its own `replace_image_token`
+    (what the processor's __call__ expands each image to) gives the counts."""
+
+    def __init__(self, directory: str | Path, config: PreTrainedConfig):
+        from transformers import AutoProcessor
+
+        self.processor = AutoProcessor.from_pretrained(directory, local_files_only=True)
+        self.tokenizer = self.processor.tokenizer
+        self.image_token_id, self.image_text = config.image_token_id, self.processor.image_token
+        if self.tokenizer.convert_tokens_to_ids(self.image_text) != self.image_token_id:
+            raise ValueError(f"{directory}: the processor's image token {self.image_text!r} is not the "
+                             f"model's image_token_id {self.image_token_id}")
+
+    def __call__(self, images: list) -> ImageInputs:
+        arrays = dict(self.processor.image_processor(images, return_tensors="np"))
+        unused = set(getattr(self.processor, "unused_input_names", ()))
+        counts = [self.processor.replace_image_token(arrays, i).count(self.image_text) for i in range(len(images))]
+        return ImageInputs({k: v for k, v in arrays.items() if k not in unused}, counts)
+
+    def token_inputs(self, input_ids_BT: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {}
+
+
+def load_image_encoder(directory: str | Path) -> ImageEncoder:
+    """The image encoder of a saved target, chosen by its config class (never by its name)."""
+    from transformers import AutoConfig, LlavaConfig, LlavaNextConfig, Qwen2_5_VLConfig
+
+    from spec_core.targets.qwen2_5_vl import Qwen2_5_VLImageEncoder  # imports this module: not at the top
+
+    encoders = {LlavaConfig: ProcessorImageEncoder, LlavaNextConfig: ProcessorImageEncoder,
+                Qwen2_5_VLConfig: Qwen2_5_VLImageEncoder}
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    if type(config) not in encoders:
+        raise ValueError(f"{directory} holds a {config.model_type!r} model; no image encoder for it")
+    return encoders[type(config)](directory, config)
+
+
+def collate_image_inputs(per_sample: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """Samples' image arrays concatenated on the image axis. Trailing axes are zero-padded to
+    the largest: LLaVA-NeXT's pixel_values (images, views, C, H, W) have a view count per image,
+    and the model reads only the views its image_sizes imply (the processor pads a batch so)."""
+    out = {}
+    for key in per_sample[0]:
+        arrays = [np.asarray(s[key]) for s in per_sample]
+        shape = np.max([a.shape[1:] for a in arrays], axis=0) if arrays[0].ndim > 1 else ()
+        padded = [np.pad(a, [(0, 0)] + [(0, int(m) - n) for m, n in zip(shape, a.shape[1:])]) for a in arrays]
+        out[key] = torch.from_numpy(np.concatenate(padded))
     return out
