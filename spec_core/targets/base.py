@@ -152,9 +152,10 @@ class TargetAdapter(ABC):
     @torch.no_grad()
     def prefill(self, batch: Mapping[str, torch.Tensor],
                 entropy_layers: tuple[int, int] | None = None, *, return_logits: bool = False,
-                output_hidden_states: bool = False, query_chunk: int = 256) -> PrefillOutput:
+                output_hidden_states: bool = False, query_chunk: int = 256, cache=None) -> PrefillOutput:
         """Run the target over a batch once. With `entropy_layers` (1-based, inclusive, clamped
-        to 1..num_layers-1) also pick each token's minimum-attention-entropy layer."""
+        to 1..num_layers-1) also pick each token's minimum-attention-entropy layer. With `cache`
+        (a transformers Cache, e.g. DynamicCache) the prompt's KV entries are kept there."""
         inputs = self._inputs(batch)
         input_ids_BT, attention_mask_BT = inputs["input_ids"], inputs["attention_mask"]
         position_ids = self.position_ids(inputs)
@@ -164,7 +165,7 @@ class TargetAdapter(ABC):
                              self.text_config.hidden_size, self.embed_tokens.weight.dtype)
 
         kwargs = dict(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
-                      position_ids=position_ids, use_cache=False,
+                      position_ids=position_ids, use_cache=cache is not None, cache=cache,
                       output_hidden_states=output_hidden_states)
         if image_outputs is not None:  # the vision tower runs once, not again inside forward
             kwargs["mm_encoder_outputs"] = {"image": image_outputs}
@@ -184,3 +185,17 @@ class TargetAdapter(ABC):
             result.intermediate_BTD = choice.intermediate_BTD
             result.entropy_LBT = choice.entropy_LBT
         return result
+
+    @torch.no_grad()
+    def decode(self, input_ids_BS: torch.Tensor, position_ids: torch.Tensor, attend_BSK: torch.Tensor,
+               cache) -> torch.Tensor:
+        """A cached text-only forward of S new tokens per row (decoding, tree verification):
+        explicit positions ((B, S), or (3, B, S) for M-RoPE, as `continuation_position_ids` gives)
+        and a bool mask over the K keys each query sees (cached + new). Returns the final
+        hidden states (B, S, D)."""
+        dtype = self.embed_tokens.weight.dtype
+        mask = torch.zeros(attend_BSK.shape, dtype=dtype, device=attend_BSK.device)
+        mask = mask.masked_fill(~attend_BSK, torch.finfo(dtype).min)[:, None]  # (B, 1, S, K)
+        out = self.model.model(input_ids=input_ids_BS, attention_mask=mask, position_ids=position_ids,
+                               cache=cache, use_cache=True)
+        return out.last_hidden_state

@@ -1,0 +1,65 @@
+"""One-sample entry points with HF-like arguments (the public API external checks use).
+
+    speculative_generate(target_model, drafter, inputs, max_new_tokens, **options)
+    ar_generate(target_model, inputs, max_new_tokens, **options)
+
+`inputs` is what the target's HF processor returns for one sample. Options: do_sample,
+temperature, top_k, top_p (HF semantics), eos_token_id (default: the target's generation config),
+seed or generator, and for the tree width / depth / budget (EAGLE-2 defaults 6 / 6 / 40).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from spec_core.decoding.engine import DecodeEngine, Request, step_scratch
+from spec_core.decoding.sampling import SamplingConfig
+from spec_core.decoding.tree import TreeConfig
+
+
+@dataclass
+class GenerateOutput:
+    sequences: torch.Tensor                      # (1, n) new tokens only, through EOS
+    accept_lengths: list[int] = field(default_factory=list)
+
+
+def _eos_ids(model, eos_token_id) -> list[int]:
+    eos = eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def _engine(target_model, drafter, inputs, max_new_tokens, options) -> DecodeEngine:
+    from spec_core.targets import TargetAdapter, adapter_for
+
+    adapter = target_model if isinstance(target_model, TargetAdapter) else adapter_for(target_model)
+    opts = dict(options)
+    sampling = SamplingConfig(**{k: opts.pop(k) for k in ("do_sample", "temperature", "top_k", "top_p") if k in opts})
+    tree = TreeConfig(**{k: opts.pop(k) for k in ("width", "depth", "budget") if k in opts})
+    eos = _eos_ids(adapter.model, opts.pop("eos_token_id", None))
+    gen = opts.pop("generator", None)
+    if "seed" in opts:
+        gen = torch.Generator(device=adapter.model.device).manual_seed(int(opts.pop("seed")))
+    if opts:
+        raise ValueError(f"unknown generate options: {sorted(opts)}")
+    T = torch.as_tensor(inputs["input_ids"]).shape[-1]
+    capacity = T + max_new_tokens + step_scratch(tree, drafter is not None) + 1
+    return DecodeEngine(adapter, drafter, batch_size=1, capacity=capacity, tree=tree, sampling=sampling,
+                        eos_token_ids=eos, generator=gen)
+
+
+def speculative_generate(target_model, drafter, inputs, max_new_tokens: int, **options) -> GenerateOutput:
+    """Lossless speculative decoding of one sample (greedy = the target's greedy output)."""
+    engine = _engine(target_model, drafter, inputs, max_new_tokens, options)
+    (result,) = engine.generate([Request(inputs, max_new_tokens)])
+    return GenerateOutput(result.sequences, result.accept_lengths)
+
+
+def ar_generate(target_model, inputs, max_new_tokens: int, **options) -> GenerateOutput:
+    """Autoregressive decoding of one sample on the same engine (no drafter)."""
+    engine = _engine(target_model, None, inputs, max_new_tokens, options)
+    (result,) = engine.generate([Request(inputs, max_new_tokens)])
+    return GenerateOutput(result.sequences, result.accept_lengths)

@@ -1,0 +1,112 @@
+"""A preallocated KV cache where every batch row (slot) has its own length.
+
+Speculative decoding at batch B > 1 commits a different number of tokens per sample per step, so
+one shared cache length (HF's DynamicCache / StaticCache) does not fit. `RaggedCache` keeps
+(B, H, L_max, hd) buffers per layer; before each forward the engine says where each row's new
+tokens go (`plan`), the attention layers write there through the standard `Cache.update` hook and
+read the buffers up to the longest row (a view, no copy); the engine's explicit 4-D mask says which
+of those keys each query sees. After verification `keep` moves each row's accepted tree entries
+next to its prefix; everything past a row's length is scratch, overwritten by later writes. Nothing
+grows per step: memory is fixed at allocation.
+
+Shapes: B slots, H kv heads, L capacity, hd head dim, S new tokens per row, K keys read.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class _Plan:
+    """Where the next forward writes: write_BS (slot positions per row) and how many keys it reads."""
+
+    def __init__(self):
+        self.write_BS: torch.Tensor | None = None
+        self.kv_len = 0
+
+
+class RaggedLayer(CacheLayerMixin):
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, batch: int, capacity: int, plan: _Plan):
+        super().__init__()
+        self.batch, self.capacity, self.plan = batch, capacity, plan
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        B, H, _, hd = key_states.shape
+        if B != self.batch:
+            raise ValueError(f"RaggedCache has {self.batch} rows, the forward has {B}")
+        self.device = key_states.device
+        self.keys = torch.zeros(B, H, self.capacity, hd, dtype=key_states.dtype, device=self.device)
+        self.values = torch.zeros(B, H, self.capacity, value_states.shape[-1], dtype=value_states.dtype,
+                                  device=self.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        write_BS = self.plan.write_BS
+        rows_B1 = torch.arange(self.batch, device=self.device)[:, None]
+        self.keys[rows_B1, :, write_BS] = key_states.transpose(1, 2)      # (B, S, H, hd) into row slots
+        self.values[rows_B1, :, write_BS] = value_states.transpose(1, 2)
+        K = self.plan.kv_len
+        return self.keys[:, :, :K], self.values[:, :, :K]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.plan.kv_len, 0
+
+    def get_seq_length(self) -> int:
+        return self.plan.kv_len
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+
+class RaggedCache(Cache):
+    """KV buffers for `batch` rows of up to `capacity` tokens, `num_layers` attention layers."""
+
+    def __init__(self, batch: int, capacity: int, num_layers: int):
+        self._plan = _Plan()
+        super().__init__(layers=[RaggedLayer(batch, capacity, self._plan) for _ in range(num_layers)])
+        self.batch, self.capacity = batch, capacity
+
+    def plan(self, write_BS: torch.Tensor, kv_len: int | None = None) -> None:
+        """The next forward writes its S tokens of row b at slots write_BS[b] and reads keys
+        [0, kv_len) (default: just past the furthest write)."""
+        if int(write_BS.max()) >= self.capacity:
+            raise ValueError(f"cache capacity {self.capacity} exceeded (write at {int(write_BS.max())})")
+        self._plan.write_BS = write_BS
+        self._plan.kv_len = int(write_BS.max()) + 1 if kv_len is None else kv_len
+
+    def load(self, row: int, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Put one sample's prefix KV (per layer (1, H, n, hd) pairs, e.g. from a DynamicCache after
+        a batch-1 prefill) at slots [0, n) of `row`."""
+        for layer, (k, v) in zip(self.layers, keys_values):
+            if not layer.is_initialized:
+                shape = (self.batch, k.shape[1], 1, k.shape[-1])
+                layer.lazy_initialization(k.new_zeros(shape), v.new_zeros(shape[:-1] + (v.shape[-1],)))
+            n = k.shape[-2]
+            if n > self.capacity:
+                raise ValueError(f"a prefix of {n} tokens does not fit the cache capacity {self.capacity}")
+            layer.keys[row, :, :n] = k[0]
+            layer.values[row, :, :n] = v[0]
+
+    def keep(self, src_BA: torch.Tensor, dst_BA: torch.Tensor) -> None:
+        """Per row, copy slots src_BA[b, i] to dst_BA[b, i] (all sources read before any write;
+        rows pad with src == dst)."""
+        rows_B1 = torch.arange(self.batch, device=src_BA.device)[:, None]
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.keys[rows_B1, :, dst_BA] = layer.keys[rows_B1, :, src_BA]
+                layer.values[rows_B1, :, dst_BA] = layer.values[rows_B1, :, src_BA]
+
+    def row_prefix(self, row: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Slots [0, n) of one row, per layer (for tests and inspection)."""
+        return [(layer.keys[row, :, :n], layer.values[row, :, :n]) for layer in self.layers]
+
+
+def dynamic_cache_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-layer (keys, values) of a transformers DynamicCache."""
+    return [(layer.keys, layer.values) for layer in cache.layers]

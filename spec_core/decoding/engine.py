@@ -1,0 +1,282 @@
+"""Batched speculative decoding with continuous batching; autoregressive decoding is the same
+engine with an empty tree (so both share caches, batching and timing).
+
+Every slot b holds one sample. Its target and drafter caches (`RaggedCache`, one row each) hold
+exactly the committed sequence minus the root: `len[b]` entries, the root token (the last one
+committed, not yet seen by the target) at sequence index len[b] and target position tpos[b].
+One step, for all slots at once:
+  1. draft a tree per slot (`draft.draft_tree`; none for AR);
+  2. verify: one target forward over [root, nodes] with a tree mask, nodes at tpos + depth;
+  3. the target's token at each node (argmax, or one draw from its processed distribution) and
+     the walk from the root (`tree.walk`): accepted nodes + the target's bonus token;
+  4. commit per slot: keep the target KV of the root and accepted nodes (`RaggedCache.keep`),
+     feed the same tokens with the target's features to the drafter (its new root state), so
+     each slot advances by its own count.
+A finished slot (EOS, or max_new_tokens) returns its result and takes the next request.
+
+Losslessness: at every visited node the target's token is produced by the target's own rule;
+the walk only decides how many of those tokens one forward yields. Greedy: the output is the
+target's greedy sequence. Sampling: each emitted token is a draw from the target's processed
+distribution given the committed prefix (a draw is used at most once), so the sequence has the
+target's distribution; for a deterministic candidate set this "sample, then look for the
+child" rule accepts with probability p(children), the most any lossless rule can.
+
+Shapes: B slots, M = N + 1 tree nodes with the root, D hidden, V vocabulary, K keys, A accepted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from spec_core.decoding.cache import RaggedCache, dynamic_cache_kv
+from spec_core.decoding.draft import draft_tree
+from spec_core.decoding.sampling import SamplingConfig, choose_tokens
+from spec_core.decoding.tree import DraftTree, TreeConfig, empty_tree, walk
+from spec_core.fovea.correction import VisualMemory
+
+
+@dataclass
+class Request:
+    inputs: Mapping[str, Any]     # one sample's processor output (batch dimension 1)
+    max_new_tokens: int
+    key: Any = None
+
+
+@dataclass
+class Result:
+    key: Any
+    sequences: torch.Tensor                         # (1, n) new tokens, through EOS if one came
+    accept_lengths: list[int] = field(default_factory=list)  # committed per verification, bonus included
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    finished_by: str = "length"                     # eos | length
+
+    @property
+    def steps(self) -> int:
+        return len(self.accept_lengths)
+
+
+@dataclass
+class _Slot:
+    request: Request
+    tokens: list[int]
+    accepts: list[int]
+    prefill_s: float
+    t_decode: float
+
+
+def step_scratch(tree: TreeConfig, speculative: bool) -> int:
+    """Cache slots past a row's length that one step may write (root + nodes, drafter frontier)."""
+    return max(1 + tree.budget, (tree.depth - 1) * tree.width, tree.depth + 1) if speculative else 1
+
+
+class DecodeEngine:
+    """Speculative (with a drafter) or autoregressive (drafter=None) decoding of a request stream
+    on `batch_size` slots of `capacity` tokens each."""
+
+    def __init__(self, adapter, drafter=None, *, batch_size: int = 1, capacity: int = 4096,
+                 tree: TreeConfig | None = None, sampling: SamplingConfig | None = None,
+                 eos_token_ids: Iterable[int] = (), generator: torch.Generator | None = None):
+        self.adapter, self.drafter = adapter, drafter
+        self.tree_cfg = tree or TreeConfig()
+        self.sampling = sampling or SamplingConfig()
+        self.eos = set(int(e) for e in eos_token_ids)
+        self.gen = generator
+        self.B, self.capacity = batch_size, capacity
+        dev = adapter.model.device
+        self.device = dev
+        n_target = adapter.num_layers
+        self.tcache = RaggedCache(batch_size, capacity, n_target)
+        self.dcache = RaggedCache(batch_size, capacity, len(drafter.layers)) if drafter is not None else None
+        self.len_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        self.tpos_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        self.root_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        self.mrope = False
+        D = adapter.text_config.hidden_size
+        self.root_h_BD = torch.zeros(batch_size, D, device=dev,
+                                     dtype=drafter.fc.weight.dtype if drafter is not None else torch.float32)
+        self.mem: VisualMemory | None = None
+        self.slots: list[_Slot | None] = [None] * batch_size
+
+    def scratch(self) -> int:
+        return step_scratch(self.tree_cfg, self.drafter is not None)
+
+    # --- admission ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def _admit(self, b: int, request: Request) -> Result | None:
+        t0 = time.perf_counter()
+        out = self.adapter.prefill(request.inputs, cache=(cache := DynamicCache()))
+        ids_1T = torch.as_tensor(request.inputs["input_ids"]).to(self.device, torch.long)
+        T = ids_1T.shape[1]
+        if T + request.max_new_tokens + self.scratch() > self.capacity:
+            raise ValueError(f"prompt of {T} tokens + {request.max_new_tokens} new does not fit the "
+                             f"cache capacity {self.capacity}")
+        first = choose_tokens(self.adapter.lm_head(out.final_hidden_BTD[:, -1]), self.sampling, self.gen)
+        y = int(first[0])
+        self.tcache.load(b, dynamic_cache_kv(cache))
+        self.mrope = out.position_ids.dim() == 3
+        last_pos = out.position_ids.amax(-1).reshape(-1).amax()
+        self.len_B[b], self.tpos_B[b], self.root_B[b] = T, last_pos + 1, y
+        if self.drafter is not None:
+            self._drafter_prefill(b, ids_1T, y, out)
+        slot = _Slot(request, [y], [], time.perf_counter() - t0, time.perf_counter())
+        self.slots[b] = slot
+        return self._finish(b) if self._done(slot) else None
+
+    def _drafter_prefill(self, b: int, ids_1T: torch.Tensor, y: int, out) -> None:
+        d = self.drafter
+        T = ids_1T.shape[1]
+        tokens = torch.cat([ids_1T[:, 1:], ids_1T.new_tensor([[y]])], 1)
+        x = d.input_states(tokens, out.final_hidden_BTD.to(d.fc.weight.dtype))
+        cache = DynamicCache()
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()[None]
+        h, _ = d.blocks(x, torch.arange(T, device=x.device)[None], causal, cache)
+        self.dcache.load(b, dynamic_cache_kv(cache))
+        self.root_h_BD[b] = h[0, -1]
+        mem = d.memory(out.visual_BPD, out.visual_valid_BP)
+        if mem is not None:
+            self._store_memory(b, mem)
+
+    def _store_memory(self, b: int, mem: VisualMemory) -> None:
+        P = mem.keys_BPD.shape[1]
+        if self.mem is None or self.mem.keys_BPD.shape[1] < P:  # grow to the largest image seen
+            old = self.mem
+            D = mem.keys_BPD.shape[-1]
+            kw = dict(dtype=mem.keys_BPD.dtype, device=mem.keys_BPD.device)
+            self.mem = VisualMemory(torch.zeros(self.B, P, D, **kw), torch.zeros(self.B, P, D, **kw),
+                                    torch.zeros(self.B, P, dtype=torch.bool, device=mem.keys_BPD.device))
+            if old is not None:
+                p = old.keys_BPD.shape[1]
+                self.mem.keys_BPD[:, :p], self.mem.values_BPD[:, :p] = old.keys_BPD, old.values_BPD
+                self.mem.valid_BP[:, :p] = old.valid_BP
+        self.mem.keys_BPD[b].zero_()
+        self.mem.valid_BP[b] = False
+        self.mem.keys_BPD[b, :P], self.mem.values_BPD[b, :P] = mem.keys_BPD[0], mem.values_BPD[0]
+        self.mem.valid_BP[b, :P] = mem.valid_BP[0]
+
+    def _done(self, slot: _Slot) -> bool:
+        return slot.tokens[-1] in self.eos or len(slot.tokens) >= slot.request.max_new_tokens
+
+    def _finish(self, b: int) -> Result:
+        s = self.slots[b]
+        self.slots[b] = None
+        return Result(s.request.key, torch.tensor([s.tokens]), s.accepts, s.prefill_s,
+                      time.perf_counter() - s.t_decode, "eos" if s.tokens[-1] in self.eos else "length")
+
+    # --- one step --------------------------------------------------------------------------------
+    def _positions(self, pos_BS: torch.Tensor) -> torch.Tensor:
+        return pos_BS.expand(3, -1, -1) if self.mrope else pos_BS
+
+    def _attend(self, n_new: int, anc_BSS: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Committed prefix + the new tokens' own ancestry: (B, S, K) with K keys read."""
+        kv_len = int(self.len_B.max()) + n_new
+        keys = torch.arange(kv_len, device=self.device)
+        rel_BK = keys[None] - self.len_B[:, None]
+        committed = (rel_BK < 0)[:, None, :].expand(-1, n_new, -1)
+        in_new = (rel_BK >= 0) & (rel_BK < n_new)
+        tree = in_new[:, None, :] & anc_BSS.gather(2, rel_BK.clamp(0, n_new - 1)[:, None, :].expand(-1, n_new, -1))
+        return committed | tree, kv_len
+
+    @torch.no_grad()
+    def _verify(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target forward over [root, nodes] -> (final hidden (B, M, D), logits (B, M, V))."""
+        ids_BM = torch.cat([self.root_B[:, None], tree.tokens_BN], 1)
+        M = ids_BM.shape[1]
+        depth_BM = torch.cat([torch.zeros_like(self.root_B[:, None]), tree.depth_BN], 1)
+        attend, kv_len = self._attend(M, tree.anc_BMM)
+        self.tcache.plan(self.len_B[:, None] + torch.arange(M, device=self.device), kv_len)
+        hidden = self.adapter.decode(ids_BM, self._positions(self.tpos_B[:, None] + depth_BM), attend, self.tcache)
+        return hidden, self.adapter.lm_head(hidden)
+
+    @torch.no_grad()
+    def _drafter_catch_up(self, tokens_BA: torch.Tensor, feats_BAD: torch.Tensor, n_B: torch.Tensor) -> None:
+        """Feed committed tokens with the target's features; root state = output at n_B - 1."""
+        d = self.drafter
+        A = tokens_BA.shape[1]
+        causal = torch.ones(A, A, dtype=torch.bool, device=self.device).tril()
+        attend, kv_len = self._attend(A, causal.expand(self.B, A, A))
+        self.dcache.plan(self.len_B[:, None] + torch.arange(A, device=self.device), kv_len)
+        x = d.input_states(tokens_BA, feats_BAD.to(d.fc.weight.dtype))
+        h, _ = d.blocks(x, self.len_B[:, None] + torch.arange(A, device=self.device), attend, self.dcache)
+        self.root_h_BD = h[torch.arange(self.B, device=self.device), (n_B - 1).clamp_min(0)]
+
+    @torch.no_grad()
+    def step(self) -> list[Result]:
+        """One draft-verify-commit round over all slots; returns the samples that finished."""
+        active = [s is not None for s in self.slots]
+        if self.drafter is not None:
+            tree = draft_tree(self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, self.tree_cfg)
+        else:
+            tree = empty_tree(self.B, self.device)
+        hidden_BMD, logits_BMV = self._verify(tree)
+        chosen_BM = choose_tokens(logits_BMV, self.sampling, self.gen)
+        path_BD, n_B = walk(tree, chosen_BM)
+        path, n, chosen = path_BD.tolist(), n_B.tolist(), chosen_BM.tolist()
+        tokens = tree.tokens_BN.tolist()
+
+        A = max(n) + 1
+        keep_src = self.len_B[:, None].repeat(1, A)       # pads copy the root slot onto itself
+        keep_dst = keep_src.clone()
+        new_tok = torch.zeros(self.B, A, dtype=torch.long, device=self.device)
+        node_idx = torch.zeros(self.B, A, dtype=torch.long, device=self.device)
+        advance = [0] * self.B
+        finished = []
+        for b in range(self.B):
+            if not active[b]:
+                continue
+            slot, nodes = self.slots[b], path[b][: n[b]]
+            emitted = [tokens[b][i - 1] for i in nodes] + [chosen[b][nodes[-1] if nodes else 0]]
+            room = slot.request.max_new_tokens - len(slot.tokens)
+            for j, t in enumerate(emitted[:room]):
+                slot.tokens.append(t)
+                if t in self.eos:
+                    break
+            slot.accepts.append(min(len(emitted), j + 1))
+            if self._done(slot):
+                finished.append(b)
+                continue
+            a = len(nodes)
+            advance[b] = 1 + a
+            L = int(self.len_B[b])
+            keep_src[b, 1: a + 1] = L + torch.tensor(nodes, device=self.device)
+            keep_dst[b, 1: a + 1] = L + torch.arange(1, a + 1, device=self.device)
+            new_tok[b, : a + 1] = torch.tensor(emitted, device=self.device)
+            node_idx[b, 1: a + 1] = torch.tensor(nodes, device=self.device)
+        self.tcache.keep(keep_src, keep_dst)
+        adv_B = torch.tensor(advance, device=self.device)
+        if self.drafter is not None and any(advance):
+            feats = hidden_BMD.gather(1, node_idx[:, :, None].expand(-1, -1, hidden_BMD.shape[-1]))
+            self._drafter_catch_up(new_tok, feats, adv_B)
+        self.len_B += adv_B
+        self.tpos_B += adv_B
+        self.root_B = torch.where(adv_B > 0, new_tok.gather(1, (adv_B - 1).clamp_min(0)[:, None])[:, 0], self.root_B)
+        return [self._finish(b) for b in finished]
+
+    # --- the loop --------------------------------------------------------------------------------
+    def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
+        """Decode every request; results come back in finishing order (continuous batching)."""
+        queue = iter(requests)
+        exhausted = False
+
+        def refill():
+            nonlocal exhausted
+            for b in range(self.B):
+                while self.slots[b] is None and not exhausted:
+                    req = next(queue, None)
+                    if req is None:
+                        exhausted = True
+                        break
+                    done = self._admit(b, req)
+                    if done is not None:
+                        yield done
+
+        yield from refill()
+        while any(s is not None for s in self.slots):
+            yield from self.step()
+            yield from refill()

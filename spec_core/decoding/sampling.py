@@ -1,0 +1,60 @@
+"""The target's next-token rule, identical for AR and speculative decoding.
+
+Logits are processed in HF `generate`'s order - temperature, then top-k, then top-p - so that
+sampled outputs follow the distribution HF's sampling defines; greedy is the argmax of the raw
+logits. Shapes: `...` any leading dims, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0          # 0: off
+    top_p: float = 1.0      # 1.0: off
+
+    def __post_init__(self):
+        if self.do_sample and self.temperature <= 0:
+            raise ValueError("temperature must be > 0 when sampling")
+        if not 0.0 < self.top_p <= 1.0 or self.top_k < 0:
+            raise ValueError("need 0 < top_p <= 1 and top_k >= 0")
+
+
+def processed_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Temperature, top-k, top-p (HF's warper semantics); masked entries are -inf."""
+    z = logits.float() / cfg.temperature
+    if cfg.top_k and cfg.top_k < z.shape[-1]:
+        kth = z.topk(cfg.top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        # HF: drop the lowest-probability tokens whose cumulative mass (ascending) <= 1 - top_p,
+        # always keeping at least one
+        sorted_z, idx = z.sort(dim=-1, descending=False)
+        cum = sorted_z.softmax(-1).cumsum(-1)
+        drop_sorted = cum <= 1.0 - cfg.top_p
+        drop_sorted[..., -1] = False
+        z = z.masked_fill(drop_sorted.scatter(-1, idx, drop_sorted), float("-inf"))
+    return z
+
+
+def target_distribution(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """The distribution the target samples from (a one-hot on the argmax when greedy)."""
+    if not cfg.do_sample:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return processed_logits(logits, cfg).softmax(-1)
+
+
+def choose_tokens(logits: torch.Tensor, cfg: SamplingConfig,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """One target token per row of `logits` (..., V) -> (...): argmax, or an independent draw."""
+    if not cfg.do_sample:
+        return logits.argmax(-1)
+    probs = processed_logits(logits, cfg).softmax(-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

@@ -1,0 +1,100 @@
+"""Draft trees, batched: every sample has its own tree of the same node budget.
+
+Node 0 is the root (the last committed token, not yet verified by the target); nodes 1..N are
+drafts in topological order (a parent before its children). A tree is built from scored candidate
+nodes (EAGLE-2): the N best by cumulative draft log-probability form an ancestor-closed set,
+because a child's score is strictly below its parent's.
+
+Shapes: B batch, N draft nodes, M = N + 1 nodes with the root, C candidates, K keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    width: int = 6      # K_c: children per expanded node, and nodes expanded per depth
+    depth: int = 6      # D: longest draft path
+    budget: int = 40    # N: draft nodes verified per step
+
+    def __post_init__(self):
+        if min(self.width, self.depth, self.budget) < 1:
+            raise ValueError("tree width, depth and budget must be >= 1")
+
+
+@dataclass
+class DraftTree:
+    tokens_BN: torch.Tensor    # draft tokens
+    parent_BN: torch.Tensor    # index into 0..N (0: the root)
+    depth_BN: torch.Tensor     # 1..D
+    anc_BMM: torch.Tensor      # bool: anc[b, i, j] = node j is node i or one of its ancestors
+
+    @property
+    def size(self) -> int:
+        return self.tokens_BN.shape[1]
+
+
+def ancestor_mask(parent_BN: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """(B, N) parents (0 = root, nodes 1..N) -> (B, N+1, N+1) ancestor-or-self mask."""
+    B, N = parent_BN.shape
+    M = N + 1
+    eye = torch.eye(M, dtype=torch.bool, device=parent_BN.device).expand(B, M, M)
+    parent_BM = torch.cat([parent_BN.new_zeros(B, 1), parent_BN], dim=1)  # the root is its own parent
+    anc = eye.clone()
+    for _ in range(max_depth):  # each pass adds one more generation of ancestors
+        anc = eye | anc.gather(1, parent_BM[:, :, None].expand(B, M, M))
+    return anc
+
+
+def select_tree(tokens_BC: torch.Tensor, scores_BC: torch.Tensor, parent_BC: torch.Tensor,
+                depth_BC: torch.Tensor, budget: int) -> DraftTree:
+    """The `budget` best candidates as a tree. parent_BC: candidate index of the parent, -1 for the
+    root's children. Scores must fall strictly along every path."""
+    B, C = tokens_BC.shape
+    N = min(budget, C)
+    sel_BN = scores_BC.topk(N, dim=-1).indices  # descending: a parent always comes before its children
+    inv_BC = torch.zeros(B, C, dtype=torch.long, device=tokens_BC.device)
+    inv_BC.scatter_(1, sel_BN, torch.arange(1, N + 1, device=tokens_BC.device).expand(B, N))
+    cand_parent_BN = parent_BC.gather(1, sel_BN)
+    parent_BN = torch.where(cand_parent_BN < 0, 0, inv_BC.gather(1, cand_parent_BN.clamp_min(0)))
+    assert bool(((parent_BN > 0) | (cand_parent_BN < 0)).all()), "selected set is not ancestor-closed"
+    depth_BN = depth_BC.gather(1, sel_BN)
+    return DraftTree(tokens_BC.gather(1, sel_BN), parent_BN, depth_BN,
+                     ancestor_mask(parent_BN, int(depth_BN.max())))
+
+
+def empty_tree(batch: int, device=None) -> DraftTree:
+    """No drafts (autoregressive decoding is verification of the root alone)."""
+    z = torch.zeros(batch, 0, dtype=torch.long, device=device)
+    return DraftTree(z, z, z, torch.ones(batch, 1, 1, dtype=torch.bool, device=device))
+
+
+def walk(tree: DraftTree, chosen_BM: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Follow the target's choices from the root: at node i the target emits chosen[i]; if a child
+    of i carries that token the walk moves there, else chosen[i] is the bonus token and it stops.
+    Returns (path_BD: accepted node indices in order, -1 padded; n_accepted_B)."""
+    B, N = tree.tokens_BN.shape
+    dev = chosen_BM.device
+    D = int(tree.depth_BN.max()) if N else 0
+    # match[b, i, j]: node j is the child of i that the target chose at i
+    parent_BM = torch.cat([torch.full((B, 1), -1, device=dev, dtype=torch.long), tree.parent_BN], 1)
+    tokens_BM = torch.cat([torch.full((B, 1), -1, device=dev, dtype=torch.long), tree.tokens_BN], 1)
+    match_BMM = (parent_BM[:, None, :] == torch.arange(N + 1, device=dev)[None, :, None]) & \
+                (tokens_BM[:, None, :] == chosen_BM[:, :, None])
+    cur_B = torch.zeros(B, dtype=torch.long, device=dev)
+    alive_B = torch.ones(B, dtype=torch.bool, device=dev)
+    path = torch.full((B, max(D, 1)), -1, dtype=torch.long, device=dev)
+    n_B = torch.zeros(B, dtype=torch.long, device=dev)
+    for d in range(D):
+        row_BM = match_BMM[torch.arange(B, device=dev), cur_B]     # children of the current node that match
+        found_B = row_BM.any(-1) & alive_B
+        nxt_B = row_BM.float().argmax(-1)
+        path[found_B, d] = nxt_B[found_B]
+        cur_B = torch.where(found_B, nxt_B, cur_B)
+        n_B += found_B.long()
+        alive_B = found_B
+    return path[:, :D], n_B

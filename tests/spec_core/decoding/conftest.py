@@ -1,0 +1,63 @@
+"""A tiny trained reference target with a briefly trained FOVEA drafter (so that drafts are often
+accepted and every path of the acceptance logic runs), and one-sample processor inputs."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoProcessor
+
+from spec_core.fovea import DraftSample, FoveaDrafter, collate, drafter_loss
+from spec_core.reference.tasks import TASKS, make_split
+from spec_core.reference.vlm.build import build_target
+from spec_core.targets import load_target
+
+
+def prompt_inputs(processor, sample: dict, turns: int = 1) -> dict:
+    """What the target's processor returns for the conversation's first user turn(s)."""
+    image = Image.open(io.BytesIO(sample["image_png"])).convert("RGB")
+    text = processor.tokenizer.apply_chat_template(sample["conversation"][: 2 * turns - 1], tokenize=False,
+                                                    add_generation_prompt=True)
+    return dict(processor(text=text, images=image, add_special_tokens=False, return_tensors="pt"))
+
+
+def train_drafter(adapter, processor, samples: list[dict], steps: int, seed: int = 0, **cfg) -> FoveaDrafter:
+    """A few hundred steps on the target's own greedy answers (self-distillation, no mid states)."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    data = []
+    for s in samples:
+        inputs = prompt_inputs(processor, s)
+        seq = adapter.model.generate(**inputs, max_new_tokens=48, do_sample=False)
+        T0 = inputs["input_ids"].shape[1]
+        full = {**inputs, "input_ids": seq, "attention_mask": torch.ones_like(seq)}
+        out = adapter.prefill(full)
+        loss = torch.zeros(seq.shape[1], dtype=torch.bool)
+        loss[T0:] = True
+        data.append(DraftSample(seq[0], loss, out.final_hidden_BTD[0], torch.zeros_like(out.final_hidden_BTD[0]),
+                                torch.zeros_like(loss), out.visual_BPD[0][out.visual_valid_BP[0]]))
+    drafter = FoveaDrafter.from_target(adapter, **{"n_blocks": 1, "k_min": 2, "k_max": 8, **cfg})
+    opt = torch.optim.AdamW(drafter.trainable_parameters(), lr=3e-3)
+    for _ in range(steps):
+        out = drafter_loss(drafter, collate(rng.sample(data, min(8, len(data)))))
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+    return drafter.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory):
+    """(adapter, processor, drafter, eval samples) on the tiny reference world."""
+    root = tmp_path_factory.mktemp("decoding")
+    train = [s for t in TASKS for s in make_split(t, 6, 0, "train")]
+    build_target("tiny", str(root / "target"), samples=train)
+    adapter = load_target(root / "target")
+    processor = AutoProcessor.from_pretrained(root / "target")
+    drafter = train_drafter(adapter, processor, train, steps=250)
+    evals = [s for t in TASKS for s in make_split(t, 4, 0, "eval")]
+    return adapter, processor, drafter, evals

@@ -1,0 +1,123 @@
+"""Greedy speculative and AR decoding are token-identical to HF `generate`, batched or not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from spec_core.decoding import DecodeEngine, Request, TreeConfig, ar_generate, speculative_generate
+from spec_core.decoding.cache import dynamic_cache_kv
+from spec_core.fovea import FoveaDrafter
+from spec_core.targets import adapter_for
+from tests.spec_core.decoding.conftest import prompt_inputs
+from tests.spec_core.targets.conftest import build_llava_next, build_qwen, llava_next_batch, qwen_batch
+
+
+def hf_greedy(model, inputs, max_new_tokens):
+    out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def test_speculative_and_ar_equal_hf_generate_on_the_tiny_world(tiny_world):
+    adapter, processor, drafter, evals = tiny_world
+    accepts, eos_inside = [], 0
+    eos = set(adapter.model.generation_config.eos_token_id)
+    for s in evals:
+        inputs = prompt_inputs(processor, s)
+        ref = hf_greedy(adapter.model, inputs, 40)
+        spec = speculative_generate(adapter.model, drafter, inputs, 40)
+        assert spec.sequences[0].tolist() == ref, s["id"]
+        assert ar_generate(adapter.model, inputs, 40).sequences[0].tolist() == ref, s["id"]
+        assert sum(spec.accept_lengths) + 1 == len(ref)  # the first token comes from the prefill
+        accepts += spec.accept_lengths
+        eos_inside += ref[-1] in eos and spec.accept_lengths[-1] > 1
+    assert sum(accepts) / len(accepts) > 1.5  # drafts are accepted: multi-token paths are tested
+    assert eos_inside > 0                      # EOS reached inside an accepted path
+
+
+def test_max_new_tokens_reached_mid_path(tiny_world):
+    adapter, processor, drafter, evals = tiny_world
+    for s in evals[:6]:
+        inputs = prompt_inputs(processor, s)
+        for n in (1, 2, 3, 5, 8):
+            spec = speculative_generate(adapter.model, drafter, inputs, n)
+            assert spec.sequences[0].tolist() == hf_greedy(adapter.model, inputs, n)
+
+
+@pytest.mark.parametrize("tree", [TreeConfig(), TreeConfig(width=2, depth=3, budget=4), TreeConfig(width=1, depth=1, budget=1)])
+def test_batched_decoding_gives_each_sample_its_batch1_output(tiny_world, tree):
+    adapter, processor, drafter, evals = tiny_world
+    samples = evals[::3]  # prompts of different lengths, over all tasks
+    alone = {s["id"]: speculative_generate(adapter.model, drafter, prompt_inputs(processor, s), 30,
+                                           width=tree.width, depth=tree.depth, budget=tree.budget).sequences[0].tolist()
+             for s in samples}
+    for spec_drafter in (drafter, None):
+        engine = DecodeEngine(adapter, spec_drafter, batch_size=3, capacity=256, tree=tree,
+                              eos_token_ids=adapter.model.generation_config.eos_token_id)
+        results = list(engine.generate(Request(prompt_inputs(processor, s), 30, s["id"]) for s in samples))
+        assert sorted(r.key for r in results) == sorted(alone)  # every request once (continuous batching)
+        for r in results:
+            assert r.sequences[0].tolist() == alone[r.key], r.key
+
+
+def _fresh_kv(adapter, drafter, inputs, committed):
+    """Target and drafter KV of a fresh prefill of prompt + committed[:-1] (the root is not cached)."""
+    ids = torch.cat([inputs["input_ids"], torch.tensor([committed[:-1]], dtype=torch.long)], 1)
+    full = {**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    cache = DynamicCache()
+    out = adapter.prefill(full, cache=cache)
+    T = ids.shape[1]
+    dcache = DynamicCache()
+    x = drafter.input_states(torch.cat([ids[:, 1:], torch.tensor([[committed[-1]]])], 1), out.final_hidden_BTD)
+    h, _ = drafter.blocks(x, torch.arange(T)[None], torch.ones(T, T, dtype=torch.bool).tril()[None], dcache)
+    return dynamic_cache_kv(cache), dynamic_cache_kv(dcache), h[0, -1]
+
+
+def test_caches_after_each_step_equal_a_fresh_prefill(tiny_world):
+    adapter, processor, drafter, evals = tiny_world
+    engine = DecodeEngine(adapter, drafter, batch_size=2, capacity=256)  # no EOS: several steps each
+    samples = [evals[8], evals[16]]  # a caption and a reasoning answer: long
+    for b, s in enumerate(samples):
+        assert engine._admit(b, Request(prompt_inputs(processor, s), 24, s["id"])) is None
+    checked = 0
+    while any(slot is not None for slot in engine.slots):
+        engine.step()
+        for b, s in enumerate(samples):
+            slot = engine.slots[b]
+            if slot is None:
+                continue
+            n = int(engine.len_B[b])
+            target_kv, drafter_kv, root_h = _fresh_kv(adapter, drafter, prompt_inputs(processor, s), slot.tokens)
+            for (k, v), (rk, rv) in zip(target_kv, engine.tcache.row_prefix(b, n)):
+                assert k.shape[-2] == n
+                torch.testing.assert_close(rk, k[0], atol=2e-5, rtol=1e-4)
+                torch.testing.assert_close(rv, v[0], atol=2e-5, rtol=1e-4)
+            for (k, v), (rk, rv) in zip(drafter_kv, engine.dcache.row_prefix(b, n)):
+                torch.testing.assert_close(rk, k[0], atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(engine.root_h_BD[b], root_h, atol=2e-5, rtol=1e-4)
+            checked += 1
+    assert checked >= 4
+
+
+@pytest.mark.parametrize("build,batch", [(build_llava_next, llava_next_batch), (build_qwen, qwen_batch)])
+def test_random_llava_next_and_qwen_targets(build, batch):
+    model = build()
+    model.generation_config.eos_token_id = None  # random weights: decode the full length
+    drafter = FoveaDrafter.from_target(model, n_blocks=1, k_min=2, k_max=4).eval()
+    full = batch()
+    for row in range(2):  # one sample at a time, without its padding
+        real = full["attention_mask"][row].bool()
+        inputs = {"input_ids": full["input_ids"][row][real][None], "attention_mask": torch.ones(1, int(real.sum()), dtype=torch.long)}
+        if "image_sizes" in full:
+            inputs |= {"pixel_values": full["pixel_values"][row: row + 1], "image_sizes": full["image_sizes"][row: row + 1]}
+        else:
+            grid = full["image_grid_thw"]
+            start = int(grid[:row].prod(-1).sum())
+            inputs |= {"pixel_values": full["pixel_values"][start: start + int(grid[row].prod())],
+                       "image_grid_thw": grid[row: row + 1],
+                       "mm_token_type_ids": (inputs["input_ids"] == model.config.image_token_id).long()}
+        ref = hf_greedy(model, inputs, 12)
+        assert len(ref) == 12
+        assert speculative_generate(model, drafter, inputs, 12).sequences[0].tolist() == ref
+        assert ar_generate(model, inputs, 12).sequences[0].tolist() == ref
