@@ -39,6 +39,7 @@ from spec_core.decoding.draft import draft_tree
 from spec_core.decoding.sampling import SamplingConfig, choose_tokens
 from spec_core.decoding.tree import DraftTree, TreeConfig, empty_tree, walk
 from spec_core.fovea.correction import VisualMemory
+from spec_core.fovea.unroll import image_ranks
 
 
 @dataclass
@@ -133,7 +134,8 @@ class DecodeEngine:
         d = self.drafter
         T = ids_1T.shape[1]
         tokens = torch.cat([ids_1T[:, 1:], ids_1T.new_tensor([[y]])], 1)
-        x = d.input_states(tokens, out.final_hidden_BTD.to(d.fc.weight.dtype))
+        ranks = torch.cat([image_ranks(ids_1T, d.image_token_id)[:, 1:], ids_1T.new_tensor([[-1]])], 1)
+        x = d.input_states(tokens, out.final_hidden_BTD.to(d.fc.weight.dtype), out.visual_BPD, ranks)
         cache = DynamicCache()
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()[None]
         h, _ = d.blocks(x, torch.arange(T, device=x.device)[None], causal, cache)

@@ -75,7 +75,7 @@ class FoveaDrafter(nn.Module):
         cfg = dataclasses.replace(cfg or FoveaConfig(), **config)
         text = adapter.text_config
         info = {"model_type": getattr(text, "model_type", None), "hidden_size": text.hidden_size,
-                "vocab_size": text.vocab_size, **(identity or {})}
+                "vocab_size": text.vocab_size, "image_token_id": adapter.image_token_id, **(identity or {})}
         drafter = cls(cfg, text, info)
         drafter.embed_tokens.weight.data.copy_(adapter.embed_tokens.weight.detach().float())
         drafter.lm_head.weight.data.copy_(adapter.lm_head.weight.detach().float())
@@ -115,10 +115,24 @@ class FoveaDrafter(nn.Module):
         return drafter.to(state["fc.weight"].dtype)
 
     # --- forward pieces --------------------------------------------------------------------------
-    def input_states(self, input_ids_BT: torch.Tensor, feature_BTD: torch.Tensor) -> torch.Tensor:
-        """fc([embed(token); feature]): token is the one after the feature's position."""
-        x = torch.cat([self.embed_tokens(input_ids_BT).to(feature_BTD.dtype), feature_BTD], dim=-1)
-        return self.fc(x)
+    @property
+    def image_token_id(self) -> int | None:
+        return self.target.get("image_token_id")
+
+    def input_states(self, input_ids_BT: torch.Tensor, feature_BTD: torch.Tensor,
+                     visual_BPD: torch.Tensor | None = None, rank_BT: torch.Tensor | None = None) -> torch.Tensor:
+        """fc([embed(token); feature]): the token is the one after the feature's position. Its
+        embedding is the target's input embedding: the embedding row for text, and for an image
+        placeholder the projected visual token it stands for (`visual_BPD[b, rank_BT[b, t]]`,
+        rank = which of the sample's image tokens it is; -1 or no visual: the plain row)."""
+        e = self.embed_tokens(input_ids_BT).to(feature_BTD.dtype)
+        if visual_BPD is not None and rank_BT is not None and self.image_token_id is not None:
+            image_BT = (input_ids_BT == self.image_token_id) & (rank_BT >= 0)
+            if bool(image_BT.any()):
+                v = visual_BPD.to(e.dtype).gather(1, rank_BT.clamp(0, visual_BPD.shape[1] - 1)[..., None]
+                                                  .expand(-1, -1, e.shape[-1]))
+                e = torch.where(image_BT[..., None], v, e)
+        return self.fc(torch.cat([e, feature_BTD], dim=-1))
 
     def blocks(self, x_BTD: torch.Tensor, position_ids_BT: torch.Tensor, attend_BTK: torch.Tensor,
                cache=None) -> tuple[torch.Tensor, torch.Tensor]:

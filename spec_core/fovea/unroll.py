@@ -1,7 +1,8 @@
 """Training-time unroll of the drafter over precomputed target states ("training-time test").
 
 Draft step k = 1..train_depth (tree depth l = k - 1) at sequence index t:
-- step 1 reads [embed(x_{t+1}); f^T_t] (target features, as the drafter's prefix does at
+- step 1 reads [embed(x_{t+1}); f^T_t] (embed: the target's input embedding, the projected
+  visual token at image placeholders) (target features, as the drafter's prefix does at
   inference) and predicts the target state at t+1, i.e. scores x_{t+2};
 - step k >= 2 reads [embed(x_{t+k}); h^{(k-1)}_t], the drafter's own uncorrected state, and
   predicts the target state at t+k. Its queries see the step-1 keys at positions <= t (the cached
@@ -45,6 +46,14 @@ def _shift(x_BT: torch.Tensor, k: int, fill=0) -> torch.Tensor:
     return out
 
 
+def image_ranks(input_ids_BT: torch.Tensor, image_token_id: int | None) -> torch.Tensor:
+    """Which of its sample's image tokens each position holds (0, 1, ...), -1 elsewhere."""
+    if image_token_id is None:
+        return torch.full_like(input_ids_BT, -1)
+    is_image = input_ids_BT == image_token_id
+    return torch.where(is_image, is_image.long().cumsum(-1) - 1, -1)
+
+
 def _gather(x_BTD: torch.Tensor, idx_BS: torch.Tensor) -> torch.Tensor:
     return x_BTD.gather(1, idx_BS[..., None].expand(-1, -1, x_BTD.shape[-1]))
 
@@ -59,10 +68,11 @@ def unroll(drafter: FoveaDrafter, batch: DraftBatch, depth: int) -> list[StepSta
     diag_BTT = torch.eye(T, dtype=torch.bool, device=dev).expand(B, T, T)
     mem = drafter.memory(batch.visual_BPD, batch.visual_valid_BP)
     cache, feature = DynamicCache(), batch.final_BTD.to(dtype)
+    rank_BT = image_ranks(batch.input_ids_BT, drafter.image_token_id)
     out = []
     for k in range(1, depth + 1):
         tokens_BT = _shift(batch.input_ids_BT, k)
-        x = drafter.input_states(tokens_BT, feature)
+        x = drafter.input_states(tokens_BT, feature, batch.visual_BPD, _shift(rank_BT, k, -1))
         attend = torch.cat([causal_BTT] + [diag_BTT] * (k - 1), dim=-1)  # (B, T, k*T)
         h_BTD, first_BTD = drafter.blocks(x, (arange_T + k - 1).expand(B, T), attend, cache)
         feature = h_BTD  # the uncorrected state is fed back

@@ -9,6 +9,7 @@ from transformers import DynamicCache
 from spec_core.decoding import DecodeEngine, Request, TreeConfig, ar_generate, speculative_generate
 from spec_core.decoding.cache import dynamic_cache_kv
 from spec_core.fovea import FoveaDrafter
+from spec_core.fovea.unroll import image_ranks
 from spec_core.targets import adapter_for
 from tests.spec_core.decoding.conftest import prompt_inputs
 from tests.spec_core.targets.conftest import build_llava_next, build_qwen, llava_next_batch, qwen_batch
@@ -69,7 +70,9 @@ def _fresh_kv(adapter, drafter, inputs, committed):
     out = adapter.prefill(full, cache=cache)
     T = ids.shape[1]
     dcache = DynamicCache()
-    x = drafter.input_states(torch.cat([ids[:, 1:], torch.tensor([[committed[-1]]])], 1), out.final_hidden_BTD)
+    tokens = torch.cat([ids[:, 1:], torch.tensor([[committed[-1]]])], 1)
+    ranks = torch.cat([image_ranks(ids, drafter.image_token_id)[:, 1:], torch.tensor([[-1]])], 1)
+    x = drafter.input_states(tokens, out.final_hidden_BTD, out.visual_BPD, ranks)
     h, _ = drafter.blocks(x, torch.arange(T)[None], torch.ones(T, T, dtype=torch.bool).tril()[None], dcache)
     return dynamic_cache_kv(cache), dynamic_cache_kv(dcache), h[0, -1]
 

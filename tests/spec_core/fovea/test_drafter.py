@@ -11,6 +11,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLDecoderLayer
 
 from spec_core.fovea import FoveaDrafter, drafter_loss
+from spec_core.fovea.unroll import image_ranks
 from tests.spec_core.fovea.conftest import drafter_for, synthetic_batch
 
 
@@ -82,6 +83,23 @@ def test_from_an_hf_model_with_config_keywords_and_a_qwen_round_trip(qwen_adapte
     assert type(back.layers[0]) is Qwen2_5_VLDecoderLayer
     batch = synthetic_batch(32)
     assert torch.equal(drafter_loss(d, batch).loss, drafter_loss(back, batch).loss)
+
+
+def test_image_placeholders_are_embedded_as_their_visual_tokens(llava_adapter):
+    d = drafter_for(llava_adapter)
+    img = d.image_token_id
+    assert img == llava_adapter.image_token_id
+    ids = torch.tensor([[5, img, img, 7, img]])
+    visual = torch.randn(1, 3, 32)
+    ranks = image_ranks(ids, img)
+    assert ranks.tolist() == [[-1, 0, 1, -1, 2]]
+    feat = torch.zeros(1, 5, 32)
+    got = d.input_states(ids, feat, visual, ranks)
+    expect = d.fc(torch.cat([torch.stack([d.embed_tokens.weight[5], visual[0, 0], visual[0, 1],
+                                          d.embed_tokens.weight[7], visual[0, 2]])[None], feat], -1))
+    torch.testing.assert_close(got, expect)
+    plain = d.fc(torch.cat([d.embed_tokens(ids), feat], -1))
+    torch.testing.assert_close(d.input_states(ids, feat), plain)  # no visual: the embedding rows
 
 
 def test_cached_blocks_equal_one_full_causal_pass(llava_adapter):

@@ -5,16 +5,18 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from spec_core.fovea.unroll import unroll
+from spec_core.fovea.unroll import image_ranks, unroll
 from tests.spec_core.fovea.conftest import drafter_for, synthetic_batch
 
 
 def test_unrolled_states_equal_an_incremental_draft_chain(llava_adapter):
     d = drafter_for(llava_adapter, visual_correction=False).eval()
     batch = synthetic_batch(32, lengths=(12,), answer=5, n_visual=(4,))
+    batch.input_ids_BT[0, 2:6] = d.image_token_id  # an image: its inputs are the visual tokens
     T, depth = 12, 3
     steps = unroll(d, batch, depth)
     ids, feat = batch.input_ids_BT[0], batch.final_BTD[0]
+    ranks = image_ranks(batch.input_ids_BT, d.image_token_id)[0]
     for s in steps:
         k = s.step
         sup = [t for t in range(T - k - 1) if batch.loss_mask_BT[0, t + k + 1]]
@@ -22,7 +24,7 @@ def test_unrolled_states_equal_an_incremental_draft_chain(llava_adapter):
         for row, t in enumerate(sup):
             # the prefix 0..t with target features (the drafter's cache at inference) ...
             cache = DynamicCache()
-            x = d.input_states(ids[1: t + 2][None], feat[: t + 1][None])
+            x = d.input_states(ids[1: t + 2][None], feat[: t + 1][None], batch.visual_BPD, ranks[1: t + 2][None])
             causal = torch.ones(t + 1, t + 1, dtype=torch.bool).tril()[None]
             h, _ = d.blocks(x, torch.arange(t + 1)[None], causal, cache)
             h = h[:, -1:]
