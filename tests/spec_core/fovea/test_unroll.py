@@ -30,7 +30,7 @@ def test_unrolled_states_equal_an_incremental_draft_chain(llava_adapter):
             h = h[:, -1:]
             # ... then the draft chain, one node per call, feeding back its own state
             for j in range(2, k + 1):
-                x = d.input_states(ids[t + j: t + j + 1][None], h)
+                x = d.input_states(ids[t + j: t + j + 1][None], h, batch.visual_BPD, ranks[t + j: t + j + 1][None])
                 keys = t + j
                 h, _ = d.blocks(x, torch.tensor([[t + j - 1]]), torch.ones(1, 1, keys, dtype=torch.bool), cache)
             torch.testing.assert_close(s.draft_ND[row], h[0, 0], atol=1e-5, rtol=1e-5)
