@@ -69,17 +69,30 @@ class EncodeShard:
 
         t0 = time.perf_counter()
         rows = self.manifest.slice(item["start"], item["stop"] - item["start"])
-        samples, rejects = [], []
+        samples, rejects, orphans = [], [], {}
+        owners = set(item["owners"].split(",")) if item["owners"] else set()
         for row in rows.to_pylist():
             try:
                 enc = encode_row(row, self.encoder, self.store, self.max_length)
             except (EncodeError, ValueError, OSError) as err:
                 rejects.append({"id": row["id"], "source": row.get("source"), "stage": "encode", "reason": str(err)})
+                self._keep_orphan(row, owners, orphans)
                 continue
             samples.append({"id": row["id"], "source": row.get("source"), "task": row.get("task"),
                             "image_sha256": row["image_sha256"], **enc})
-        return {**item, "payload": pickle.dumps({"samples": samples, "rejects": rejects}),
+        return {**item, "payload": pickle.dumps({"samples": samples, "rejects": rejects, "orphans": orphans}),
                 "encode_seconds": time.perf_counter() - t0}
+
+
+    def _keep_orphan(self, row: dict, owners: set[str], orphans: dict) -> None:
+        """A rejected row whose image this shard owns: keep the image's inputs, so that its visual
+        tokens are still written for the other shards' samples that use it."""
+        sha = row.get("image_sha256")
+        if sha in owners and sha not in orphans:
+            try:
+                orphans[sha] = self.encoder([_image(row, self.store)]).arrays
+            except Exception:  # noqa: BLE001 - an unreadable image fails every sample that uses it
+                pass
 
 
 def private_rss_mb() -> float:
@@ -142,6 +155,18 @@ class TargetStage:
             arts.append(sample_artifacts(out, b, ids_BT, mask_BT, np.asarray(s["loss_mask"]), self.hidden_dtype))
         return arts
 
+    def _visual_only(self, sha: str, arrays: dict) -> dict:
+        """Projected visual tokens of one image without any text (its samples were rejected)."""
+        import torch
+
+        from spec_core.targets.artifacts import to_16bit
+        from spec_core.targets.encode import collate_image_inputs
+
+        batch = {k: v.to(self.adapter.model.device) for k, v in collate_image_inputs([arrays]).items()}
+        with torch.no_grad():
+            features_ND = self.adapter.image_features(batch).pooler_output[0]
+        return {"image_sha256": sha, "n_visual": len(features_ND), "visual": to_16bit(features_ND, self.hidden_dtype).tobytes()}
+
     def _regenerate(self, samples: list[dict], rejects: list[dict]) -> tuple[list[dict], int]:
         """Answers replaced by the target's; samples now over max_length join the rejects."""
         samples, truncated = self.distill(samples)
@@ -163,11 +188,15 @@ class TargetStage:
         for i in range(len(batch["shard"])):
             t0 = time.perf_counter()
             data = pickle.loads(batch["payload"][i])
+            owners = set(batch["owners"][i].split(",")) if batch["owners"][i] else set()
+            orphans = dict(data.get("orphans", {}))
+            for s in data["samples"]:  # before regeneration may reject some of them
+                if s["image_sha256"] in owners:
+                    orphans.setdefault(s["image_sha256"], s["images"])
             truncated, t_gen = 0, time.perf_counter()
             if self.distill is not None:
                 data["samples"], truncated = self._regenerate(data["samples"], data["rejects"])
             t_gen = time.perf_counter() - t_gen
-            owners = set(batch["owners"][i].split(",")) if batch["owners"][i] else set()
             samples = sorted(data["samples"], key=lambda s: len(s["input_ids"]))
             rows, visual, naive, tokens = [], {}, 0, 0
             for j in range(0, len(samples), self.batch_size):
@@ -183,6 +212,9 @@ class TargetStage:
                                                      "visual": a.visual.tobytes()}
                     naive += naive_bytes(len(a.input_ids), len(a.visual), a.final_hidden.shape[1])
                     tokens += len(a.input_ids)
+            for sha in sorted(owners - set(visual)):  # owned images none of whose samples survived
+                if sha in orphans:
+                    visual[sha] = self._visual_only(sha, orphans[sha])
             rows.sort(key=lambda r: r["id"])  # deterministic row order within the shard
             tables = {"samples": rows, "visual": sorted(visual.values(), key=lambda v: v["image_sha256"]),
                       "rejects": data["rejects"]}

@@ -105,6 +105,28 @@ def test_bad_rows_are_rejected_with_reasons(world, ray_local, tmp_path):
     assert m["counts"]["rejects"] == len(rejects)
 
 
+def test_an_image_whose_owner_sample_is_rejected_still_gets_its_visual_tokens(world, ray_local, tmp_path):
+    """The image's owner shard (the first that uses it) has only a rejected sample; a later
+    shard's sample of the same image must still find the image's visual tokens."""
+    root, samples, manifest = world
+    first, second = pq.read_table(manifest).slice(0, 2).to_pylist()
+    second = {**second, "image_bytes": first["image_bytes"], "image_sha256": first["image_sha256"]}
+    first = {**first, "conversation": first["conversation"] * 30}  # far over max_length
+    shared = tmp_path / "shared.parquet"
+    pq.write_table(pa.Table.from_pylist([first, second]), shared)
+    m = main(_cfg(root, shared, tmp_path / "out", shard_size=1, max_length=300))
+    art = m["figures"]["artifacts_uri"]
+    assert read_kind(Storage(), art, "rejects").column("id").to_pylist() == [first["id"]]
+    assert read_kind(Storage(), art, "samples").column("id").to_pylist() == [second["id"]]
+    visual = read_kind(Storage(), art, "visual").to_pylist()
+    assert [v["image_sha256"] for v in visual] == [first["image_sha256"]]
+    adapter = load_target(root / "target")
+    expect = adapter.prefill({"input_ids": torch.tensor([[adapter.image_token_id] * visual[0]["n_visual"]]),
+                              "pixel_values": pixels([decode_png(first["image_bytes"])])}).visual_BPD[0]
+    got = from_16bit(np.frombuffer(visual[0]["visual"], np.uint16).reshape(visual[0]["n_visual"], -1), "float16")
+    torch.testing.assert_close(got, expect.half().float())
+
+
 def test_a_killed_run_reruns_to_exactly_once(world, tmp_path):
     root, samples, manifest = world
     out = tmp_path / "out"
