@@ -6,11 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
 bash scripts/install.sh
-t1=$(date +%s)
 export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled SPEC_NO_PROGRESS=1
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # Persistent DeepSpeed JIT-op cache (its first build costs minutes).
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/spec_core/torch_extensions}"
+# Every deepspeed.initialize on CPU loads the shared-memory comm op: build it into the cache once
+# here (~30-60 s cold, skipped when cached) rather than inside the first training test's workers.
+if ! ls "$TORCH_EXTENSIONS_DIR"/deepspeed_shm_comm/*.so >/dev/null 2>&1; then
+  .venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null 2>&1 || true
+fi
+t1=$(date +%s)
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

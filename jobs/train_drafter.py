@@ -1,0 +1,169 @@
+"""Train a FOVEA drafter on precomputed artifacts: Ray Train + DeepSpeed ZeRO-2.
+
+    python jobs/train_drafter.py --config manifests/jobs/train_drafter.yaml [--set compute.num_workers=2]
+
+artifacts (jobs/precompute.py; checked against target.path first) -> Ray Data stream ->
+TorchTrainer workers (jobs.lib.train_loop: DeepSpeed ZeRO-2, AdamW (0.9, 0.95), WarmupDecayLR,
+clip 0.5, bf16 where supported) -> checkpoints every N steps in <run>/checkpoints/ (local or
+s3://) -> the drafter in <run>/drafter/, per-step metrics in <run>/train_log.jsonl. Rerunning the
+same config resumes from the latest checkpoint (Ray Train V2: same RunConfig name and storage).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.py` from anywhere
+
+from pydantic import Field  # noqa: E402
+
+from jobs.lib.config import Strict, cli  # noqa: E402
+from jobs.lib.job import JobConfig  # noqa: E402
+from jobs.lib.metrics import RunRecorder  # noqa: E402
+from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
+
+
+class DataSection(Strict):
+    artifacts: str = Field("runs/precompute/reference/artifacts", description="a precompute run's artifacts/, any URI")
+    shuffle_buffer: int = Field(256, ge=0, description="rows in each worker's local shuffle buffer (0: none)")
+    cpus_per_task: float = Field(0.5, gt=0, description="CPUs of each Ray Data read/attach task")
+    cache: bool = Field(False, description="read the artifacts once into Ray's object store (small sets)")
+
+
+class TargetSection(Strict):
+    path: str = Field("runs/reference/small/target", description="the frozen target's local model directory")
+
+
+class DrafterSection(Strict):  # spec_core.fovea.FoveaConfig, field for field
+    n_blocks: int = 1
+    correction_depth: int = 1
+    retrieval: Literal["cumulative", "fixed", "dense"] = "cumulative"
+    rho: float = 0.8
+    k_min: int = 32
+    k_max: int = 256
+    k_fixed: int = 16
+    visual_correction: bool = True
+    depth_embedding: bool = True
+    gate: bool = True
+    correction_hidden: int = 512
+    max_depth: int = 16
+    train_depth: int = 3
+
+
+class LossSection(Strict):  # spec_core.fovea.LossConfig (paper Table 5)
+    lambda_hid: float = 1.0
+    lambda_kl: float = 0.2
+    lambda_tok: float = 1.0
+    beta_h: float = 1.0
+    beta_mid: float = 0.1
+    beta_ce: float = 1.5
+    beta_cmp: float = 0.5
+    margin: float = 0.5
+    k_c: int = 6
+    gamma_w: float = 1.0
+
+
+class TrainSection(Strict):
+    epochs: int = Field(12, ge=1)
+    per_device_batch: int = Field(4, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    lr: float = Field(5e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(0.5, gt=0)
+    warmup_steps: int | None = Field(None, ge=0, description="None: 10% of the optimizer updates")
+    warmup_type: Literal["linear", "log"] = "linear"
+    seed: int = 42
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    optimizer: Literal["torch", "deepspeed"] = "torch"
+    max_steps: int | None = Field(None, ge=1)
+    log_every: int = Field(10, ge=1)
+    checkpoint_every: int = Field(100, ge=0, description="optimizer steps; 0: only the final checkpoint")
+    keep_checkpoints: int = Field(2, ge=1)
+
+
+class ComputeSection(Strict):
+    num_workers: int = Field(1, ge=1)
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(0.0, ge=0)
+    max_failures: int = Field(0, ge=-1, description="Ray Train restarts from the latest checkpoint; -1: forever")
+
+
+class TrainDrafterConfig(JobConfig):
+    data: DataSection = DataSection()
+    target: TargetSection = TargetSection()
+    drafter: DrafterSection = DrafterSection()
+    loss: LossSection = LossSection()
+    train: TrainSection = TrainSection()
+    compute: ComputeSection = ComputeSection()
+
+
+def main(cfg: TrainDrafterConfig) -> dict:
+    from jobs.lib.drafter_data import check_target, open_artifacts
+    from jobs.lib.ray_setup import init_ray
+    from jobs.lib.train_loop import make_trainer, plan_steps
+    from spec_core.fovea import FoveaConfig, LossConfig
+    from spec_core.targets import target_identity
+
+    FoveaConfig(**cfg.drafter.model_dump()), LossConfig(**cfg.loss.model_dump())  # their checks, before Ray
+    store, run_dir = Storage(cfg.storage), cfg.run_dir("train_drafter")
+    if scheme_of(cfg.target.path) != "file":
+        raise ValueError(f"target.path must be a local model directory, not {cfg.target.path}")
+    work = cfg.model_copy(deep=True)  # what the workers get: the target path made absolute
+    work.target.path = str(Path(cfg.target.path).resolve())
+    art = open_artifacts(store, cfg.data.artifacts)  # bad artifacts or another target: stop here
+    check_target(art, target_identity(work.target.path))
+    t, c = cfg.train, cfg.compute
+    plan = plan_steps(art.n_samples, c.num_workers, t.per_device_batch, t.grad_accum, t.epochs, t.max_steps,
+                      t.warmup_steps)
+    rec = RunRecorder("train_drafter", cfg, run_dir, store)
+    rec.figure("ray", init_ray(cfg.ray)["mode"])
+    trainer = make_trainer(work, plan, art, store, run_dir)
+    with rec.stage("train") as st:
+        result = trainer.fit()
+        st["items"] = plan.total_steps
+    return finish(rec, store, run_dir, result, plan, art.n_samples)
+
+
+def finish(rec: RunRecorder, store: Storage, run_dir: str, result, plan, n_samples: int) -> dict:
+    """The drafter and the step log out of the final checkpoint; headline figures."""
+    from jobs.lib.train_loop import summarize
+
+    ckpt = join(run_dir, "checkpoints", Path(result.checkpoint.path).name)
+    state = json.loads(store.read_text(join(ckpt, "state.json")))
+    for uri in store.walk_files(join(ckpt, "drafter")):
+        store.write_bytes(join(run_dir, "drafter", uri.rsplit("/", 1)[-1]), store.read_bytes(uri))
+    store.write_text(join(run_dir, "train_log.jsonl"), "".join(json.dumps(h) + "\n" for h in state["history"]))
+    t = rec.cfg.train
+    rec.count("samples", n_samples)
+    rec.figure("steps", state["step"])
+    rec.figure("resumed_from_step", state["resumed_from"][-1] if state["resumed_from"] else None)
+    rec.figure("workers", plan.world)
+    rec.figure("global_batch", t.per_device_batch * t.grad_accum * plan.world)
+    for name, value in summarize(state["history"]).items():
+        rec.figure(name, value)
+    rec.figure("checkpoint", ckpt)
+    rec.figure("drafter_uri", join(run_dir, "drafter"))
+    return rec.finish()
+
+
+def cli_main() -> int:
+    cfg = cli(TrainDrafterConfig, description=__doc__)
+    try:  # bad artifacts, a mismatched or missing target: one line, exit 1, before any training
+        m = main(cfg)
+    except (ValueError, FileNotFoundError, PermissionError, ConnectionError) as err:
+        print(f"train_drafter: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    f = m["figures"]
+    print(f"train_drafter: {f['steps']} steps, loss {f.get('first_loss')} -> {f.get('final_loss')}, "
+          f"top1 per depth {f.get('top1_per_depth')}, {f.get('tokens_per_s')} tok/s -> {f['drafter_uri']}")
+    return 0
+
+
+if __name__ == "__main__":
+    from jobs import train_drafter as job  # by package name: Ray workers unpickle the config classes by reference
+
+    raise SystemExit(job.cli_main())

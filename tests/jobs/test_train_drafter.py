@@ -1,0 +1,223 @@
+"""jobs/train_drafter.py on tiny precompute artifacts: 2 Ray Train workers running DeepSpeed
+ZeRO-2 on CPU (gloo). The loss decreases, checkpoints and the drafter land in S3 (moto), a killed
+run resumes from its latest checkpoint at that step, and bad inputs stop it before training."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.lib.artifact_store import read_kind
+from jobs.lib.storage import Storage, join
+from jobs.lib.train_loop import plan_steps
+from jobs.train_drafter import DrafterSection, LossSection, TrainDrafterConfig, main
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A small drafter and a learning rate that shows learning within a few dozen updates.
+FAST = {"drafter": {"k_min": 4, "k_max": 16, "correction_hidden": 32},
+        "train": {"per_device_batch": 1, "lr": 2e-3, "warmup_steps": 2, "log_every": 1}}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, s3_server, ray_local):
+    """A tiny target and its precompute artifacts over 24 samples, 5 shards. (s3_server first:
+    Ray workers inherit its credentials from the environment.)"""
+    from jobs.precompute import PrecomputeConfig
+    from jobs.precompute import main as precompute
+    from spec_core.reference.tasks import TASKS, make_split
+    from spec_core.reference.vlm.build import build_target
+
+    root = tmp_path_factory.mktemp("td")
+    samples = [s for t in TASKS for s in make_split(t, 4, 0, "train")]
+    build_target("tiny", str(root / "target"), samples=samples)
+    rows = [{"id": s["id"], "source": s["task"], "split": "train", "task": s["task"], "image_uri": None,
+             "image_bytes": s["image_png"], "image_sha256": s["image_sha256"],
+             "conversation": s["conversation"]} for s in samples]
+    pq.write_table(pa.Table.from_pylist(rows), root / "train.parquet")
+    m = precompute(PrecomputeConfig.model_validate({
+        "run": {"output_uri": str(root / "runs")}, "ray": {"num_cpus": 2},
+        "data": {"manifest": str(root / "train.parquet"), "shard_size": 5},
+        "target": {"path": str(root / "target")}, "compute": {"batch_size": 4}}))
+    return root / "target", m["figures"]["artifacts_uri"], len(samples)
+
+
+def _cfg(world, output_uri: str, **train) -> TrainDrafterConfig:
+    target, art, _ = world
+    return TrainDrafterConfig.model_validate({
+        "run": {"output_uri": output_uri}, "ray": {"num_cpus": 2},
+        "data": {"artifacts": art, "shuffle_buffer": 8}, "target": {"path": str(target)},
+        "drafter": FAST["drafter"], "train": {**FAST["train"], **train},
+        "compute": {"num_workers": 2, "cpus_per_worker": 0.5}})
+
+
+def test_config_sections_mirror_spec_core():
+    from spec_core.fovea import FoveaConfig, LossConfig
+
+    for section, dc, changed in ((DrafterSection, FoveaConfig, {"n_blocks"}), (LossSection, LossConfig, set())):
+        ours = section().model_dump()
+        theirs = {f.name: f.default for f in dataclasses.fields(dc)}
+        assert set(ours) == set(theirs)
+        assert {k for k in ours if ours[k] != theirs[k]} == changed  # n_blocks: 1 for the reference world
+
+
+def test_plan_counts_updates_per_epoch():
+    p = plan_steps(24, world=2, per_device=2, accum=2, epochs=3, max_steps=None, warmup_steps=None)
+    assert (p.micro_per_epoch, p.steps_per_epoch, p.total_steps, p.warmup_steps) == (6, 3, 9, 1)
+    assert plan_steps(25, 2, 3, 1, 2, max_steps=5, warmup_steps=9).total_steps == 5
+    with pytest.raises(ValueError, match="do not fill one optimizer update"):
+        plan_steps(7, 2, 2, 2, 1, None, None)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ray_dataset_attaches_each_rows_image(world):
+    from jobs.lib.drafter_data import open_artifacts, training_dataset
+
+    _, art_uri, n = world
+    store = Storage()
+    art = open_artifacts(store, art_uri)
+    visual = {r["image_sha256"]: r for r in read_kind(store, art_uri, "visual").to_pylist()}
+    rows = training_dataset(art, store, seed=0).take_all()
+    assert len(rows) == len({r["id"] for r in rows}) == n
+    for r in rows:
+        v = visual[r["image_sha256"]]
+        assert (r["n_visual"], r["visual"]) == (v["n_visual"], v["visual"])
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_two_workers_learn_and_write_checkpoints_and_drafter_to_s3(world, s3_bucket, tmp_path):
+    import torch
+
+    from spec_core.fovea import FoveaConfig, FoveaDrafter
+    from spec_core.targets import load_target
+
+    cfg = _cfg(world, f"{s3_bucket}/spec", epochs=2, checkpoint_every=4)  # 12 updates per epoch
+    m = main(cfg)
+    store, run = Storage(), cfg.run_dir("train_drafter")
+    f = m["figures"]
+    assert f["steps"] == 24 and f["workers"] == 2 and f["global_batch"] == 2 and f["resumed_from_step"] is None
+    log = [json.loads(line) for line in store.read_text(join(run, "train_log.jsonl")).splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 25))
+    first, last = sum(r["loss"] for r in log[:4]) / 4, sum(r["loss"] for r in log[-4:]) / 4
+    assert last < 0.8 * first, (first, last)
+    assert {"hid", "hid_final", "hid_mid", "kl", "tok", "ce", "margin"} <= set(f["final_terms"])
+    assert len(f["top1_per_depth"]) == cfg.drafter.train_depth and f["tokens_per_s"] > 0
+    ckpts = [n for n in store.list(join(run, "checkpoints")) if n.startswith("step-")]
+    assert ckpts == ["step-00000020", "step-00000024"]  # every 4 updates, the last 2 kept
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in store.list(join(run, "checkpoints", ckpts[-1], "ds"))
+    local = tmp_path / "drafter"
+    local.mkdir()
+    for name in store.list(join(run, "drafter")):
+        (local / name).write_bytes(store.read_bytes(join(run, "drafter", name)))
+    adapter = load_target(world[0])
+    drafter = FoveaDrafter.from_pretrained(local, adapter)
+    torch.manual_seed(cfg.train.seed)  # the workers' initial drafter
+    fresh = FoveaDrafter.from_target(adapter, FoveaConfig(**cfg.drafter.model_dump()))
+    assert drafter.cfg == fresh.cfg and not torch.equal(drafter.fc.weight, fresh.fc.weight)  # trained
+    assert torch.equal(drafter.lm_head.weight, adapter.lm_head.weight)  # frozen
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_killed_run_resumes_at_its_last_checkpoint(world, tmp_path):
+    target, art, _ = world
+    out = tmp_path / "out"
+    sets = {"run.output_uri": out, "data.artifacts": art, "target.path": target, "ray.num_cpus": 2,
+            "compute.num_workers": 2, "compute.cpus_per_worker": 0.5, "drafter.correction_hidden": 32,
+            "train.epochs": 2, "train.per_device_batch": 1, "train.checkpoint_every": 4, "train.log_every": 2}
+    args = [sys.executable, str(REPO / "jobs/train_drafter.py"),
+            "--config", str(REPO / "manifests/jobs/train_drafter.yaml")]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    env = {**os.environ, "SPEC_NO_PROGRESS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen(args, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    snapshot, deadline = None, time.time() + 300
+    while time.time() < deadline and proc.poll() is None and snapshot is None:
+        snapshot = next(out.glob("train_drafter/*/checkpoints/checkpoint_manager_snapshot.json"), None)
+        time.sleep(0.2)
+    kill_session(proc.pid)  # the job and its whole local Ray, actors included
+    proc.wait()
+    assert snapshot is not None, "no checkpoint before the deadline"
+    latest = json.loads(snapshot.read_text())["latest_checkpoint_result"]["metrics"]["step"]
+    assert 4 <= latest < 24  # killed part-way (24 updates in all, 12 per epoch)
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads(next(out.glob("train_drafter/*/metrics.json")).read_text())
+    assert metrics["figures"]["resumed_from_step"] == latest and metrics["figures"]["steps"] == 24
+    log = [json.loads(line) for line in next(out.glob("train_drafter/*/train_log.jsonl")).read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(2, 25, 2))  # the first run's records kept, none twice
+    assert [r["epoch"] for r in log] == [(r["step"] - 1) // 12 for r in log]  # the data position resumed
+    lr = schedule(total=24, warmup=3, max_lr=5e-5)  # warmup: 10% of the updates
+    assert [r["lr"] for r in log] == pytest.approx([lr[r["step"]] for r in log])  # the schedule resumed too
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of a session (the job was started with start_new_session): Ray's
+    actors run in process groups of their own, and a surviving one could still checkpoint."""
+    def pids() -> list[int]:
+        out = []
+        for entry in Path("/proc").iterdir():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if entry.name.isdigit() and int(fields[3]) == sid and fields[0] != "Z":  # state, ppid, pgrp, session
+                out.append(int(entry.name))
+        return out
+
+    deadline = time.time() + 30
+    while (alive := pids()) and time.time() < deadline:
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    assert not pids()
+
+
+def schedule(total: int, warmup: int, max_lr: float) -> dict[int, float]:
+    """DeepSpeed's WarmupDecayLR alone: the learning rate after each update."""
+    import torch
+    from deepspeed.runtime.lr_schedules import WarmupDecayLR
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=max_lr)
+    sched = WarmupDecayLR(opt, total_num_steps=total, warmup_min_lr=0.0, warmup_max_lr=max_lr,
+                          warmup_num_steps=warmup, warmup_type="linear")
+    out = {}
+    for step in range(1, total + 1):
+        sched.step()
+        out[step] = sched.get_lr()[0]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_bad_inputs_stop_before_training_with_one_line(world, tmp_path):
+    target, art, _ = world
+    other = tmp_path / "other-target"
+    other.mkdir()
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["text_config"]["hidden_size"] *= 2
+    (other / "config.json").write_text(json.dumps(cfg))
+    cases = {f"data.artifacts={tmp_path / 'nope'}": f"ArtifactError: artifacts {tmp_path / 'nope'} does not exist",
+             f"target.path={other}": f"ArtifactError: artifacts {art} have hidden_size"}
+    for override, expected in cases.items():
+        r = subprocess.run([sys.executable, str(REPO / "jobs/train_drafter.py"), "--set", f"run.output_uri={tmp_path}",
+                            "--set", f"data.artifacts={art}", "--set", f"target.path={target}", "--set", override],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.startswith(f"train_drafter: {expected}"), r.stderr
+    assert not (tmp_path / "train_drafter").exists()
