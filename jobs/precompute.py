@@ -107,7 +107,7 @@ def main(cfg: PrecomputeConfig) -> dict:
                 "response_source": cfg.data.response_source}  # target: the answers are the target's own
     if cfg.data.response_source == "target":
         metadata["response_max_new_tokens"] = cfg.data.response_max_new_tokens
-    storage = cfg.storage.model_dump(mode="json")
+    storage = cfg.storage  # the object itself: a model_dump would turn secrets into "**********"
     with rec.stage("precompute") as st:
         if pending:
             from jobs.lib.precompute_stages import EncodeShard, TargetStage

@@ -12,6 +12,7 @@ same config resumes from the latest checkpoint (Ray Train V2: same RunConfig nam
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Literal
@@ -109,6 +110,11 @@ def main(cfg: TrainDrafterConfig) -> dict:
     from spec_core.targets import target_identity
 
     FoveaConfig(**cfg.drafter.model_dump()), LossConfig(**cfg.loss.model_dump())  # their checks, before Ray
+    t, c = cfg.train, cfg.compute
+    need = c.num_workers * c.cpus_per_worker + cfg.data.cpus_per_task
+    if cfg.ray.num_cpus is not None and not (cfg.ray.address or os.environ.get("RAY_ADDRESS")) and cfg.ray.num_cpus < need:
+        raise ValueError(f"ray.num_cpus={cfg.ray.num_cpus} cannot hold {c.num_workers} worker(s) x {c.cpus_per_worker} "
+                         f"CPU plus a data task of {cfg.data.cpus_per_task}: the job would wait forever")
     store, run_dir = Storage(cfg.storage), cfg.run_dir("train_drafter")
     if scheme_of(cfg.target.path) != "file":
         raise ValueError(f"target.path must be a local model directory, not {cfg.target.path}")
@@ -116,7 +122,6 @@ def main(cfg: TrainDrafterConfig) -> dict:
     work.target.path = str(Path(cfg.target.path).resolve())
     art = open_artifacts(store, cfg.data.artifacts)  # bad artifacts or another target: stop here
     check_target(art, target_identity(work.target.path))
-    t, c = cfg.train, cfg.compute
     plan = plan_steps(art.n_samples, c.num_workers, t.per_device_batch, t.grad_accum, t.epochs, t.max_steps,
                       t.warmup_steps)
     rec = RunRecorder("train_drafter", cfg, run_dir, store)

@@ -21,10 +21,12 @@ if [ "$QUICK" = 1 ]; then
   WORLD=tiny
   DATA_SET=(--set 'data.per_task={train: 10, eval: 5}')
   PRECOMPUTE_LIMIT=null
+  EPOCHS=2
 else
   WORLD=small
   DATA_SET=()
   PRECOMPUTE_LIMIT=1200   # of the 12,000 training samples: a few CPU minutes
+  EPOCHS=3
 fi
 REFERENCE="${REFERENCE:-runs/reference/$WORLD}"
 
@@ -40,8 +42,13 @@ $PY jobs/build_manifests.py --config manifests/jobs/build_manifests.yaml \
 
 step "precompute: drafter-training artifacts from the frozen target (Ray Data, actor pool)"
 $PY jobs/precompute.py --config manifests/jobs/precompute.yaml --set "run.output_uri=$OUT" \
-    --set "data.manifest=$OUT/build_manifests/reference/train.parquet" \
+    --set run.run_id=reference --set "data.manifest=$OUT/build_manifests/reference/train.parquet" \
     --set "target.path=$REFERENCE/target" --set "data.limit=$PRECOMPUTE_LIMIT"
+
+step "train_drafter: the FOVEA drafter on those artifacts (Ray Train + DeepSpeed ZeRO-2)"
+$PY jobs/train_drafter.py --config manifests/jobs/train_drafter.yaml --set "run.output_uri=$OUT" \
+    --set run.run_id=reference --set "data.artifacts=$OUT/precompute/reference/artifacts" \
+    --set "target.path=$REFERENCE/target" --set "train.epochs=$EPOCHS"
 
 step "summary"
 $PY scripts/demo_summary.py "$OUT" "$REFERENCE"

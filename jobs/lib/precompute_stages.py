@@ -57,10 +57,10 @@ def encode_row(row: dict, encoder, store: Storage, max_length: int | None) -> di
 class EncodeShard:
     """CPU stage: {shard, start, stop, owners} -> the same row plus the pickled encoded samples."""
 
-    def __init__(self, manifest_uri: str, target_path: str, storage: dict, max_length: int | None):
+    def __init__(self, manifest_uri: str, target_path: str, storage: StorageConfig, max_length: int | None):
         from spec_core.targets.encode import load_image_encoder
 
-        self.store, self.max_length = Storage(StorageConfig(**storage)), max_length
+        self.store, self.max_length = Storage(storage), max_length
         self.manifest = pq.read_table(io.BytesIO(self.store.read_bytes(manifest_uri)))
         self.encoder = load_image_encoder(target_path)
 
@@ -120,7 +120,7 @@ class TargetStage:
     """
 
     def __init__(self, target_path: str, dtype: str, entropy_layers: tuple[int, int] | None,
-                 hidden_dtype: str, batch_size: int, artifacts_uri: str, storage: dict, metadata: dict,
+                 hidden_dtype: str, batch_size: int, artifacts_uri: str, storage: StorageConfig, metadata: dict,
                  cpu_threads: int = 1, response_source: str = "dataset", max_new_tokens: int = 512,
                  max_length: int | None = None):
         import torch
@@ -134,7 +134,7 @@ class TargetStage:
         self.adapter = load_target(target_path, dtype=getattr(torch, dtype), device=self.device)
         self.layers = tuple(entropy_layers) if entropy_layers else self.adapter.default_entropy_layers
         self.hidden_dtype, self.batch_size = hidden_dtype, batch_size
-        self.root, self.store = artifacts_uri, Storage(StorageConfig(**storage))
+        self.root, self.store = artifacts_uri, Storage(storage)
         self.metadata = {k: str(v) for k, v in metadata.items()}
         self.pad_id = self.adapter.model.config.text_config.pad_token_id or 0
         self.peak_private_mb = 0.0

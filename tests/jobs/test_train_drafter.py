@@ -71,6 +71,13 @@ def test_config_sections_mirror_spec_core():
         assert {k for k in ours if ours[k] != theirs[k]} == changed  # n_blocks: 1 for the reference world
 
 
+def test_a_local_cluster_too_small_for_workers_and_data_is_refused(tmp_path):
+    cfg = TrainDrafterConfig.model_validate({"run": {"output_uri": str(tmp_path)}, "ray": {"num_cpus": 1},
+                                             "compute": {"num_workers": 1, "cpus_per_worker": 1}})
+    with pytest.raises(ValueError, match="would wait forever"):
+        main(cfg)
+
+
 def test_plan_counts_updates_per_epoch():
     p = plan_steps(24, world=2, per_device=2, accum=2, epochs=3, max_steps=None, warmup_steps=None)
     assert (p.micro_per_epoch, p.steps_per_epoch, p.total_steps, p.warmup_steps) == (6, 3, 9, 1)
