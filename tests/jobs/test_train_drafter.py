@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from jobs.lib.artifact_store import read_kind
 from jobs.lib.storage import Storage, join
@@ -166,7 +167,9 @@ def test_a_killed_run_resumes_at_its_last_checkpoint(world, tmp_path):
     log = [json.loads(line) for line in next(out.glob("train_drafter/*/train_log.jsonl")).read_text().splitlines()]
     assert [r["step"] for r in log] == list(range(2, 25, 2))  # the first run's records kept, none twice
     assert [r["epoch"] for r in log] == [(r["step"] - 1) // 12 for r in log]  # the data position resumed
-    lr = schedule(total=24, warmup=3, max_lr=5e-5)  # warmup: 10% of the updates
+    yaml_lr = TrainDrafterConfig.model_validate(
+        yaml.safe_load((REPO / "manifests/jobs/train_drafter.yaml").read_text())).train.lr
+    lr = schedule(total=24, warmup=3, max_lr=yaml_lr)  # the YAML's peak; warmup: 10% of the updates
     assert [r["lr"] for r in log] == pytest.approx([lr[r["step"]] for r in log])  # the schedule resumed too
 
 
