@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from spec_core.decoding.cache import RaggedCache
-from spec_core.decoding.tree import DraftTree, TreeConfig, select_tree
+from spec_core.decoding.tree import DraftTree, TreeConfig, prefix_and_new_mask, select_tree
 from spec_core.fovea.correction import VisualMemory
 from spec_core.fovea.drafter import FoveaDrafter
 
@@ -55,12 +55,7 @@ def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tenso
         scratch_BWS = torch.cat([front_anc, own], dim=-1)               # (B, W, d*W)
         write_BW = len_B[:, None] + (d - 1) * W + torch.arange(W, device=dev)
         kv_len = base + d * W
-        keys = torch.arange(kv_len, device=dev)
-        committed = (keys[None] < len_B[:, None])[:, None, :].expand(B, W, kv_len)
-        rel = keys[None] - len_B[:, None]                                # scratch slot index per key
-        in_scratch = (rel >= 0) & (rel < d * W)
-        attend = committed | (in_scratch[:, None, :] & scratch_BWS.gather(
-            2, rel.clamp(0, d * W - 1)[:, None, :].expand(B, W, kv_len)))
+        attend = prefix_and_new_mask(len_B, scratch_BWS, kv_len)
         cache.plan(write_BW, kv_len)
         x = drafter.input_states(front_tok, front_parent_h)
         h_BWD, _ = drafter.blocks(x, (len_B + d - 1)[:, None].expand(B, W), attend, cache)

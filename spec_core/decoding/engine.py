@@ -37,7 +37,7 @@ from transformers import DynamicCache
 from spec_core.decoding.cache import RaggedCache, dynamic_cache_kv
 from spec_core.decoding.draft import draft_tree
 from spec_core.decoding.sampling import SamplingConfig, choose_tokens
-from spec_core.decoding.tree import DraftTree, TreeConfig, empty_tree, walk
+from spec_core.decoding.tree import DraftTree, TreeConfig, empty_tree, prefix_and_new_mask, walk
 from spec_core.fovea.correction import VisualMemory
 from spec_core.fovea.unroll import image_ranks
 
@@ -178,12 +178,7 @@ class DecodeEngine:
     def _attend(self, n_new: int, anc_BSS: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Committed prefix + the new tokens' own ancestry: (B, S, K) with K keys read."""
         kv_len = int(self.len_B.max()) + n_new
-        keys = torch.arange(kv_len, device=self.device)
-        rel_BK = keys[None] - self.len_B[:, None]
-        committed = (rel_BK < 0)[:, None, :].expand(-1, n_new, -1)
-        in_new = (rel_BK >= 0) & (rel_BK < n_new)
-        tree = in_new[:, None, :] & anc_BSS.gather(2, rel_BK.clamp(0, n_new - 1)[:, None, :].expand(-1, n_new, -1))
-        return committed | tree, kv_len
+        return prefix_and_new_mask(self.len_B, anc_BSS, kv_len), kv_len
 
     @torch.no_grad()
     def _verify(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:

@@ -67,6 +67,16 @@ def select_tree(tokens_BC: torch.Tensor, scores_BC: torch.Tensor, parent_BC: tor
                      ancestor_mask(parent_BN, int(depth_BN.max())))
 
 
+def prefix_and_new_mask(len_B: torch.Tensor, anc_BQN: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """(B, Q, K) bool: each row's committed prefix (keys < len[b]) plus, among the N new slots
+    written at len[b] + j, those that anc[b, q, j] allows (a query's ancestry, itself included)."""
+    B, Q, N = anc_BQN.shape
+    rel_BK = torch.arange(kv_len, device=len_B.device)[None] - len_B[:, None]  # slot index among the new ones
+    committed = (rel_BK < 0)[:, None, :].expand(B, Q, kv_len)
+    in_new = (rel_BK >= 0) & (rel_BK < N)
+    return committed | (in_new[:, None, :] & anc_BQN.gather(2, rel_BK.clamp(0, N - 1)[:, None, :].expand(B, Q, kv_len)))
+
+
 def empty_tree(batch: int, device=None) -> DraftTree:
     """No drafts (autoregressive decoding is verification of the root alone)."""
     z = torch.zeros(batch, 0, dtype=torch.long, device=device)

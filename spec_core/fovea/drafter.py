@@ -28,6 +28,7 @@ from transformers import AutoConfig, AutoModel
 
 from spec_core.fovea.config import FoveaConfig
 from spec_core.fovea.correction import Correction, VisualCorrection, VisualMemory
+from spec_core.targets.base import additive_mask
 
 FORMAT = "fovea-drafter/1"
 
@@ -139,8 +140,7 @@ class FoveaDrafter(nn.Module):
         """Run the decoder blocks. attend_BTK (bool) says which of the K = cached + T keys each
         query sees. With a cache (a transformers Cache) the new keys/values are appended to it.
         Returns (last block output h, first block output)."""
-        mask = torch.zeros(attend_BTK.shape, dtype=x_BTD.dtype, device=x_BTD.device)
-        mask = mask.masked_fill(~attend_BTK, torch.finfo(x_BTD.dtype).min)[:, None]  # (B, 1, T, K)
+        mask = additive_mask(attend_BTK, x_BTD.dtype)
         pos_emb = self.rotary(x_BTD, position_ids_BT)
         h, first = x_BTD, None
         for layer in self.layers:

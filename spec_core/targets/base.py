@@ -49,6 +49,12 @@ def text_position_ids(attention_mask_BT: torch.Tensor) -> torch.Tensor:
     return (attention_mask_BT.long().cumsum(-1) - 1).clamp_min(0) * attention_mask_BT.long()
 
 
+def additive_mask(attend_BQK: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool "query sees key" (B, Q, K) -> the additive float mask HF attention takes (B, 1, Q, K)."""
+    mask = torch.zeros(attend_BQK.shape, dtype=dtype, device=attend_BQK.device)
+    return mask.masked_fill(~attend_BQK, torch.finfo(dtype).min)[:, None]
+
+
 def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad for batched generation -> (input_ids_BT, attention_mask_BT)."""
     width = max(len(s) for s in seqs)
@@ -193,9 +199,7 @@ class TargetAdapter(ABC):
         explicit positions ((B, S), or (3, B, S) for M-RoPE, as `continuation_position_ids` gives)
         and a bool mask over the K keys each query sees (cached + new). Returns the final
         hidden states (B, S, D)."""
-        dtype = self.embed_tokens.weight.dtype
-        mask = torch.zeros(attend_BSK.shape, dtype=dtype, device=attend_BSK.device)
-        mask = mask.masked_fill(~attend_BSK, torch.finfo(dtype).min)[:, None]  # (B, 1, S, K)
+        mask = additive_mask(attend_BSK, self.embed_tokens.weight.dtype)
         out = self.model.model(input_ids=input_ids_BS, attention_mask=mask, position_ids=position_ids,
                                cache=cache, use_cache=True)
         return out.last_hidden_state
