@@ -22,11 +22,13 @@ if [ "$QUICK" = 1 ]; then
   DATA_SET=(--set 'data.per_task={train: 10, eval: 5}')
   PRECOMPUTE_LIMIT=null
   EPOCHS=2
+  GEN_LIMIT=2             # evaluation samples per task
 else
   WORLD=small
   DATA_SET=()
   PRECOMPUTE_LIMIT=1200   # of the 12,000 training samples: a few CPU minutes
   EPOCHS=3
+  GEN_LIMIT=10
 fi
 REFERENCE="${REFERENCE:-runs/reference/$WORLD}"
 
@@ -49,6 +51,15 @@ step "train_drafter: the FOVEA drafter on those artifacts (Ray Train + DeepSpeed
 $PY jobs/train_drafter.py --config manifests/jobs/train_drafter.yaml --set "run.output_uri=$OUT" \
     --set run.run_id=reference --set "data.artifacts=$OUT/precompute/reference/artifacts" \
     --set "target.path=$REFERENCE/target" --set "train.epochs=$EPOCHS"
+
+step "generate: answers and captions, FOVEA speculative decoding against AR (Ray actor pool)"
+DRAFTER="$OUT/train_drafter/reference/drafter"
+$PY jobs/generate.py --config manifests/jobs/generate.yaml --set "run.output_uri=$OUT" \
+    --set run.run_id=reference --set "data.manifest=$OUT/build_manifests/reference/eval" \
+    --set "data.limit_per_source=$GEN_LIMIT" --set "target.path=$REFERENCE/target" \
+    --set "methods.fovea.drafter=$DRAFTER" --set "methods.fovea_cpu.drafter=$DRAFTER" \
+    --set 'compare=[ar, fovea, fovea_cpu]' --set 'compute.batch_sizes=[1, 4]'
+echo "report: $OUT/generate/reference/report.md"
 
 step "summary"
 $PY scripts/demo_summary.py "$OUT" "$REFERENCE"

@@ -75,12 +75,13 @@ def table_bytes(table: pa.Table, metadata: dict[str, str]) -> bytes:
 
 
 def commit_shard(store: Storage, root: str, k: int, rows: dict[str, list[dict]],
-                 metadata: dict[str, str], record: dict) -> dict:
-    """Write the shard's tables (rows per kind), then its marker (the commit). Returns the
-    record with the bytes of the artifact tables."""
+                 metadata: dict[str, str], record: dict, kinds: dict[str, pa.Schema] = KINDS) -> dict:
+    """Write the shard's tables (rows per kind, schemas from `kinds`: another job's layout may
+    pass its own), then its marker (the commit). Returns the record with the bytes of the tables
+    other than rejects."""
     written = 0
     for kind, kind_rows in rows.items():
-        data = table_bytes(pa.Table.from_pylist(kind_rows, schema=KINDS[kind]), metadata)
+        data = table_bytes(pa.Table.from_pylist(kind_rows, schema=kinds[kind]), metadata)
         store.write_bytes(join(root, kind, f"{shard_name(k)}.parquet"), data)
         written += len(data) if kind != "rejects" else 0
     record = {**record, "shard": k, "bytes": written}
@@ -88,10 +89,10 @@ def commit_shard(store: Storage, root: str, k: int, rows: dict[str, list[dict]],
     return record
 
 
-def read_kind(store: Storage, root: str, kind: str) -> pa.Table:
+def read_kind(store: Storage, root: str, kind: str, kinds: dict[str, pa.Schema] = KINDS) -> pa.Table:
     """All committed shards' rows of one kind, in shard order."""
     tables = []
     for k in sorted(committed_shards(store, root)):
         uri = join(root, kind, f"{shard_name(k)}.parquet")
         tables.append(pq.read_table(io.BytesIO(store.read_bytes(uri))))
-    return pa.concat_tables(tables) if tables else KINDS[kind].empty_table()
+    return pa.concat_tables(tables) if tables else kinds[kind].empty_table()

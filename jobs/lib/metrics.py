@@ -75,6 +75,7 @@ class RunRecorder:
         self.stages: dict[str, dict[str, float]] = {}
         self.counts: dict[str, int] = {}
         self.figures: dict[str, Any] = {}
+        self.details: dict[str, Any] = {}
         self.hash = config_hash(cfg)
         storage.write_text(join(run_dir, "config.yaml"), config_yaml(cfg))
 
@@ -100,6 +101,10 @@ class RunRecorder:
         """A headline figure (shown in report.md and the demo summary)."""
         self.figures[name] = value
 
+    def detail(self, name: str, value: Any) -> None:
+        """A structured result kept in metrics.json only (tables the report renders itself)."""
+        self.details[name] = value
+
     @staticmethod
     def progress(it: Iterable[T], total: int | None = None, desc: str = "") -> Iterable[T]:
         """A progress bar with ETA on stderr (off when SPEC_NO_PROGRESS=1, as the tests set)."""
@@ -116,6 +121,7 @@ class RunRecorder:
             "stages": self.stages,
             "counts": self.counts,
             "figures": self.figures,
+            **({"details": self.details} if self.details else {}),
             "git_commit": git_commit(),
             "packages": package_versions(),
             "hardware": hardware(),

@@ -102,6 +102,11 @@ class RaggedCache(Cache):
                 layer.keys[rows_B1, :, dst_BA] = layer.keys[rows_B1, :, src_BA]
                 layer.values[rows_B1, :, dst_BA] = layer.values[rows_B1, :, src_BA]
 
+    def nbytes(self) -> int:
+        """Bytes held by the allocated buffers (fixed once allocated)."""
+        return sum(t.numel() * t.element_size() for layer in self.layers if layer.is_initialized
+                   for t in (layer.keys, layer.values))
+
     def row_prefix(self, row: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Slots [0, n) of one row, per layer (for tests and inspection)."""
         return [(layer.keys[row, :, :n], layer.values[row, :, :n]) for layer in self.layers]

@@ -83,8 +83,10 @@ class DecodeEngine:
 
     def __init__(self, adapter, drafter=None, *, batch_size: int = 1, capacity: int = 4096,
                  tree: TreeConfig | None = None, sampling: SamplingConfig | None = None,
-                 eos_token_ids: Iterable[int] = (), generator: torch.Generator | None = None):
+                 eos_token_ids: Iterable[int] = (), generator: torch.Generator | None = None,
+                 visual_correction: bool = True):
         self.adapter, self.drafter = adapter, drafter
+        self.visual_correction = visual_correction  # False: the drafter scores without its memory
         self.tree_cfg = tree or TreeConfig()
         self.sampling = sampling or SamplingConfig()
         self.eos = set(int(e) for e in eos_token_ids)
@@ -107,6 +109,15 @@ class DecodeEngine:
 
     def scratch(self) -> int:
         return step_scratch(self.tree_cfg, self.drafter is not None)
+
+    def state_bytes(self) -> int:
+        """Memory decoding holds besides the target: caches, visual memories, drafter weights."""
+        mem = self.mem
+        n = self.tcache.nbytes() + (self.dcache.nbytes() if self.dcache is not None else 0)
+        n += sum(t.numel() * t.element_size() for t in (mem.keys_BPD, mem.values_BPD)) if mem is not None else 0
+        if self.drafter is not None:
+            n += sum(p.numel() * p.element_size() for p in self.drafter.parameters())
+        return n
 
     # --- admission ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -141,7 +152,7 @@ class DecodeEngine:
         h, _ = d.blocks(x, torch.arange(T, device=x.device)[None], causal, cache)
         self.dcache.load(b, dynamic_cache_kv(cache))
         self.root_h_BD[b] = h[0, -1]
-        mem = d.memory(out.visual_BPD, out.visual_valid_BP)
+        mem = d.memory(out.visual_BPD, out.visual_valid_BP) if self.visual_correction else None
         if mem is not None:
             self._store_memory(b, mem)
 

@@ -1,0 +1,264 @@
+"""Offline captioning / VQA batches with lossless speculative decoding, on a Ray actor pool.
+
+    python jobs/generate.py --config manifests/jobs/generate.yaml [--set compute.num_actors=4]
+    ray job submit --working-dir . -- python jobs/generate.py --config manifests/jobs/generate.yaml
+
+evaluation manifest(s) (jobs/build_manifests.py: a Parquet file or a folder of them) -> shards ->
+actor pool (one frozen target per actor with the drafters of the compared methods; num_gpus and
+num_cpus per actor from the config, fractions allowed) -> per shard, every method in `compare`
+decodes every sample turn by turn at batch 1 (latency), then the same prompts at each configured
+batch size (throughput) -> committed under <run>/shards/ (responses, per-turn metrics, rejects,
+a marker with throughput and memory). A rerun skips committed shards. At the end: metrics.json,
+report.md (per task tau / MAT / speedup against the first method, throughput per batch size,
+memory, lossless check) and latency_cdf.png.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.py` from anywhere
+
+from pydantic import Field, model_validator  # noqa: E402
+
+from jobs.lib.artifact_store import committed_shards, read_kind  # noqa: E402
+from jobs.lib.config import Strict, cli  # noqa: E402
+from jobs.lib.job import JobConfig  # noqa: E402
+from jobs.lib.metrics import RunRecorder  # noqa: E402
+from jobs.lib.ray_setup import init_ray  # noqa: E402
+from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
+
+
+class DataSection(Strict):
+    manifest: str = Field("runs/build_manifests/reference/eval",
+                          description="an evaluation manifest (Parquet) or a folder of them, any URI")
+    limit_per_source: int | None = Field(None, ge=1, description="first N rows of each manifest file")
+    max_length: int = Field(2048, ge=8, description="longer prompts are rejected")
+    shard_size: int = Field(16, ge=1, description="samples per committed shard (and per throughput stream)")
+
+
+class TargetSection(Strict):
+    path: str = Field("runs/reference/small/target", description="a local model directory")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+
+
+class TreeSection(Strict):
+    width: int = Field(6, ge=1, description="K_c: children per expanded node")
+    depth: int = Field(6, ge=1, description="D: longest draft path")
+    budget: int = Field(40, ge=1, description="draft nodes verified per step")
+
+
+class MethodSection(Strict):
+    kind: Literal["ar", "fovea"] = "fovea"
+    drafter: str | None = Field(None, description="a saved FoveaDrafter directory (kind fovea)")
+    visual_correction: bool = Field(True, description="false: score drafts without the visual memory")
+    tree: TreeSection = TreeSection()
+
+    @model_validator(mode="after")
+    def _drafter_matches_kind(self):
+        if self.kind == "fovea" and not self.drafter:
+            raise ValueError("a fovea method needs a drafter directory")
+        if self.kind == "ar" and self.drafter:
+            raise ValueError("an ar method takes no drafter")
+        return self
+
+
+class GenerationSection(Strict):
+    max_new_tokens: int = Field(256, ge=1)
+    do_sample: bool = False
+    temperature: float = Field(1.0, gt=0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int = 0
+
+
+class ComputeSection(Strict):
+    num_actors: int = Field(1, ge=1, description="actor pool size (target replicas)")
+    num_gpus_per_actor: float = Field(0.0, ge=0)
+    num_cpus_per_actor: float = Field(1.0, gt=0)
+    batch_sizes: list[int] = Field([1, 4, 16], min_length=1, description="throughput is measured at each")
+
+    @model_validator(mode="after")
+    def _batches(self):
+        if any(b < 1 for b in self.batch_sizes) or len(set(self.batch_sizes)) != len(self.batch_sizes):
+            raise ValueError("batch_sizes must be distinct integers >= 1")
+        return self
+
+
+def _default_methods() -> dict[str, MethodSection]:
+    return {"ar": MethodSection(kind="ar"),
+            "fovea": MethodSection(drafter="runs/train_drafter/reference/drafter")}
+
+
+class GenerateConfig(JobConfig):
+    data: DataSection = DataSection()
+    target: TargetSection = TargetSection()
+    generation: GenerationSection = GenerationSection()
+    compute: ComputeSection = ComputeSection()
+    methods: dict[str, MethodSection] = Field(default_factory=_default_methods)
+    compare: list[str] = Field(["ar", "fovea"], min_length=1,
+                               description="methods to run; the first is the baseline of every ratio")
+
+    @model_validator(mode="after")
+    def _compare_known(self):
+        unknown = [m for m in self.compare if m not in self.methods]
+        if unknown:
+            raise ValueError(f"compare names {unknown}, not in methods {sorted(self.methods)}")
+        if len(set(self.compare)) != len(self.compare):
+            raise ValueError("compare lists a method twice")
+        return self
+
+
+def manifest_files(store: Storage, uri: str) -> list[str]:
+    """A Parquet file, or every *.parquet directly in a folder (sorted)."""
+    if uri.endswith(".parquet"):
+        if not store.exists(uri):
+            raise FileNotFoundError(f"manifest {uri} does not exist")
+        return [uri]
+    files = [join(uri, n) for n in store.list(uri) if n.endswith(".parquet")]
+    if not files:
+        raise FileNotFoundError(f"no manifest: {uri} is neither a .parquet file nor a folder holding some")
+    return files
+
+
+def plan_shards(store: Storage, files: list[str], limit: int | None, shard_size: int) -> list[dict]:
+    """Deterministic shards: each file's (first `limit`) rows in order, `shard_size` at a time."""
+    import pyarrow.parquet as pq
+
+    shards = []
+    for uri in files:
+        fs, path = store.arrow_fs(uri)
+        n = pq.ParquetFile(fs.open_input_file(path)).metadata.num_rows
+        n = min(n, limit) if limit else n
+        for start in range(0, n, shard_size):
+            shards.append({"shard": len(shards), "manifest": uri, "start": start, "stop": min(start + shard_size, n)})
+    return shards
+
+
+def check_drafters(cfg: GenerateConfig, ident: dict) -> None:
+    """Every compared drafter is a local FOVEA drafter directory for a target of these sizes."""
+    for name in cfg.compare:
+        m = cfg.methods[name]
+        if m.drafter is None:
+            continue
+        meta_path = Path(m.drafter) / "config.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"method {name}: drafter {m.drafter} is not a local drafter directory")
+        target = json.loads(meta_path.read_text()).get("target", {})
+        mine = {k: ident.get(k) for k in ("hidden_size", "vocab_size")}
+        if {k: target.get(k) for k in mine} != mine:
+            raise ValueError(f"method {name}: drafter {m.drafter} was trained for a target with "
+                             f"{ {k: target.get(k) for k in mine} }, this target has {mine}")
+
+
+def main(cfg: GenerateConfig) -> dict:
+    import ray
+
+    from jobs.lib.generate_worker import KINDS, GenerateWorker, MethodPlan
+    from spec_core.targets import target_identity
+
+    store = Storage(cfg.storage)
+    run_dir = cfg.run_dir("generate")
+    root = join(run_dir, "shards")
+    try:
+        files = manifest_files(store, cfg.data.manifest)
+    except (FileNotFoundError, PermissionError):
+        raise
+    except Exception as err:  # noqa: BLE001 - storage clients raise their own types
+        raise ConnectionError(f"cannot reach the manifest's storage: {err}") from err
+    ident = target_identity(cfg.target.path)
+    check_drafters(cfg, ident)
+    rec = RunRecorder("generate", cfg, run_dir, store)
+    shards = plan_shards(store, files, cfg.data.limit_per_source, cfg.data.shard_size)
+    done = committed_shards(store, root)
+    pending = [s for s in shards if s["shard"] not in done]
+    rec.figure("ray", init_ray(cfg.ray)["mode"])
+    local = lambda p: str(Path(p).resolve()) if scheme_of(p) == "file" else p  # noqa: E731
+    plans = [MethodPlan(name, local(m.drafter) if m.drafter else None, m.visual_correction,
+                        m.tree.width, m.tree.depth, m.tree.budget)
+             for name, m in ((n, cfg.methods[n]) for n in cfg.compare)]
+    gen = cfg.generation
+    with rec.stage("generate") as st:
+        if pending:
+            n_actors = min(cfg.compute.num_actors, len(pending))
+            Actor = ray.remote(GenerateWorker).options(num_gpus=cfg.compute.num_gpus_per_actor,
+                                                       num_cpus=cfg.compute.num_cpus_per_actor)
+            actors = [Actor.remote(
+                local(cfg.target.path), {**ident, "target_path": cfg.target.path}, plans, cfg.storage, root,
+                dtype=cfg.target.dtype, max_length=cfg.data.max_length, max_new_tokens=gen.max_new_tokens,
+                batch_sizes=tuple(cfg.compute.batch_sizes), seed=gen.seed,
+                sampling=dict(do_sample=gen.do_sample, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p),
+                cpu_threads=max(1, int(cfg.compute.num_cpus_per_actor)),
+                metadata={"config_hash": rec.hash, **ident}) for _ in range(n_actors)]
+            pool = ray.util.ActorPool(actors)
+            for _ in rec.progress(pool.map_unordered(lambda a, s: a.__call__.remote(s), pending),
+                                  total=len(pending), desc="shards"):
+                pass  # each result is a committed shard's marker, read back below
+            for a in actors:
+                ray.kill(a)
+        st["items"] = len(pending)
+    done = committed_shards(store, root)
+    missing = [s["shard"] for s in shards if s["shard"] not in done]
+    if missing:
+        raise RuntimeError(f"{len(missing)} shards not committed: {missing[:10]}")
+    tables = {k: read_kind(store, root, k, KINDS).to_pylist() for k in KINDS}
+    return finish(rec, store, run_dir, cfg.compare, tables, [done[s["shard"]] for s in shards])
+
+
+def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], tables: dict,
+           records: list[dict]) -> dict:
+    """Aggregate the committed shards into metrics.json, report.md and latency_cdf.png."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.lib import generate_report as gr
+
+    baseline = methods[0]
+    for kind in ("responses", "metrics", "rejects"):  # one table each, for users and later jobs
+        buf = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(tables[kind]) if tables[kind] else pa.table({}), buf)
+        store.write_bytes(join(run_dir, f"{kind}.parquet"), buf.getvalue())
+    tasks = gr.task_table(tables["metrics"], methods, baseline)
+    throughput = gr.throughput_table(records, methods, baseline)
+    memory = gr.memory_table(records, methods, baseline)
+    bad = gr.mismatches(tables["responses"], methods, baseline)
+    cdf = None
+    if tables["metrics"]:
+        cdf = "latency_cdf.png"
+        store.write_bytes(join(run_dir, cdf), gr.latency_cdf_png(tables["metrics"], methods))
+    rec.count("samples", sum(r["samples"] for r in records))
+    rec.count("turns", sum(1 for r in tables["metrics"] if r["method"] == baseline))
+    rec.count("rejects", len(tables["rejects"]))
+    rec.figure("baseline", baseline)
+    for m in methods[1:]:
+        overall = tasks.get(gr.ALL, {}).get(m, {})
+        rec.figure(f"{m}_tau", round(overall["tau"], 3) if overall.get("tau") else None)
+        rec.figure(f"{m}_speedup_batch1", round(overall["speedup"], 3) if overall.get("speedup") else None)
+        rec.figure(f"{m}_throughput_ratio", {b: round(t["ratio"], 3) if t["ratio"] else None
+                                             for b, t in throughput[m].items()})
+        rec.figure(f"{m}_{baseline}_overtakes_at_batch", gr.overtaken_at(throughput, m))
+        rec.figure(f"{m}_mismatches", bad.get(m, 0) + sum(t["mismatches"] for t in throughput[m].values()))
+    rec.detail("per_task", tasks)
+    rec.detail("throughput", throughput)
+    rec.detail("memory", memory)
+    rec.figure("rejects", [f"{r['id']}: {r['reason']}" for r in tables["rejects"]][:20])
+    rec.figure("run_dir", run_dir)
+    return rec.finish(gr.render(tasks, throughput, memory, bad, methods, baseline, cdf))
+
+
+if __name__ == "__main__":
+    cfg = cli(GenerateConfig, description=__doc__)
+    try:  # an unreadable manifest, target or drafter, or unreachable storage: one line, exit 1
+        m = main(cfg)
+    except (FileNotFoundError, PermissionError, ConnectionError, ValueError) as err:
+        print(f"generate: {type(err).__name__}: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    f = m["figures"]
+    for name in cfg.compare[1:]:
+        print(f"generate: {name}: tau {f[f'{name}_tau']}, batch-1 speedup {f[f'{name}_speedup_batch1']}x, "
+              f"throughput ratio per batch {f[f'{name}_throughput_ratio']}")
+    print(f"generate: {m['counts'].get('samples', 0)} samples, {m['counts'].get('rejects', 0)} rejects -> {f['run_dir']}")

@@ -1,0 +1,165 @@
+"""The generate job's summary: per-task tau / MAT / batch-1 latency speedup against the baseline
+method on the same samples, throughput per batch size, memory, lossless checks, a latency CDF.
+
+Inputs are the committed shards' tables (jobs.lib.generate_worker: metrics, responses) and
+markers (throughput, memory). Speedup at batch 1 is a ratio of summed latencies (prefill + decode)
+over the (sample, turn) pairs both methods completed; throughput is generated tokens per second
+of actor time, summed over shards, so it is per actor.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+
+ALL = "all"
+
+
+def _key(r: dict) -> tuple[str, int]:
+    return r["id"], r["turn"]
+
+
+def task_table(metrics: list[dict], methods: list[str], baseline: str) -> dict[str, dict[str, dict]]:
+    """task (and 'all') -> method -> {turns, new_tokens, steps, tau, mat, latency_s, speedup}."""
+    by_method = {m: {_key(r): r for r in metrics if r["method"] == m} for m in methods}
+    base = by_method[baseline]
+    out: dict[str, dict[str, dict]] = defaultdict(dict)
+    tasks = sorted({r["task"] for r in metrics}) + [ALL]
+    for m in methods:
+        common = [k for k in by_method[m] if k in base]
+        for task in tasks:
+            keys = [k for k in common if task == ALL or by_method[m][k]["task"] == task]
+            if not keys:
+                continue
+            rows = [by_method[m][k] for k in keys]
+            steps = sum(r["steps"] for r in rows)
+            committed = sum(r["new_tokens"] - 1 for r in rows if r["steps"])  # the first token is the prefill's
+            lat = sum(r["latency_s"] for r in rows)
+            base_lat = sum(base[k]["latency_s"] for k in keys)
+            tau = committed / steps if steps else None
+            out[task][m] = {"turns": len(rows), "new_tokens": sum(r["new_tokens"] for r in rows), "steps": steps,
+                            "tau": tau, "mat": None if tau is None else tau - 1, "latency_s": lat,
+                            "speedup": base_lat / lat if lat > 0 else None}
+    return dict(out)
+
+
+def throughput_table(records: list[dict], methods: list[str], baseline: str) -> dict[str, dict[str, dict]]:
+    """method -> batch size -> {tokens, seconds, tokens_per_s, ratio (to the baseline), mismatches}."""
+    sums: dict[str, dict[str, list]] = {m: defaultdict(lambda: [0, 0.0, 0]) for m in methods}
+    for rec in records:
+        for m in methods:
+            for batch, t in rec.get("throughput", {}).get(m, {}).items():
+                s = sums[m][batch]
+                s[0], s[1], s[2] = s[0] + t["tokens"], s[1] + t["seconds"], s[2] + t.get("mismatches", 0)
+    out = {}
+    for m in methods:
+        out[m] = {}
+        for batch in sorted(sums[m], key=int):
+            tok, sec, bad = sums[m][batch]
+            b_tok, b_sec, _ = sums[baseline].get(batch, (0, 0.0, 0))
+            tps = tok / sec if sec > 0 else None
+            base_tps = b_tok / b_sec if b_sec > 0 else None
+            out[m][batch] = {"tokens": tok, "seconds": round(sec, 3), "tokens_per_s": tps,
+                             "ratio": tps / base_tps if tps and base_tps else None, "mismatches": bad}
+    return out
+
+
+def overtaken_at(throughput: dict[str, dict], method: str) -> int | None:
+    """The smallest batch size at which the baseline's throughput beats the method's."""
+    for batch, t in sorted(throughput[method].items(), key=lambda kv: int(kv[0])):
+        if t["ratio"] is not None and t["ratio"] < 1:
+            return int(batch)
+    return None
+
+
+def mismatches(responses: list[dict], methods: list[str], baseline: str) -> dict[str, int]:
+    """(sample, turn) pairs whose tokens differ from the baseline's (greedy: must be 0)."""
+    base = {_key(r): r["response_ids"] for r in responses if r["method"] == baseline}
+    return {m: sum(1 for r in responses if r["method"] == m and _key(r) in base
+                   and list(r["response_ids"]) != list(base[_key(r)])) for m in methods if m != baseline}
+
+
+def memory_table(records: list[dict], methods: list[str], baseline: str) -> dict[str, dict]:
+    """method -> peak decoding state (caches, visual memory, drafter weights) and, on GPUs, peak
+    allocated memory, in MiB, with the difference to the baseline."""
+    out = {}
+    for kind in ("state_bytes", "gpu_peak_bytes"):
+        peak = {m: max((r.get(kind, {}).get(m, 0) for r in records), default=0) for m in methods}
+        if not any(peak.values()):
+            continue
+        for m in methods:
+            out.setdefault(m, {})[kind.replace("_bytes", "_mib")] = round(peak[m] / 2**20, 2)
+            out[m][kind.replace("_bytes", "_delta_mib")] = round((peak[m] - peak[baseline]) / 2**20, 2)
+    return out
+
+
+def latency_cdf_png(metrics: list[dict], methods: list[str]) -> bytes:
+    """Per-sample latency (all turns) CDF per method, as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
+    for m in methods:
+        per = defaultdict(float)
+        for r in metrics:
+            if r["method"] == m:
+                per[r["id"]] += r["latency_s"]
+        xs = sorted(per.values())
+        if xs:
+            ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=f"{m} (n={len(xs)})")
+    ax.set_xlabel("latency per sample, s (batch 1, all turns)")
+    ax.set_ylabel("fraction of samples")
+    ax.set_xscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _f(x, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list[str], baseline: str,
+           cdf_name: str | None) -> str:
+    """Markdown sections for report.md."""
+    others = [m for m in methods if m != baseline]
+    head = "| task | turns | " + " | ".join(f"{m} tau | {m} MAT | {m} speedup" for m in others) + " |"
+    lines = ["## Per task (batch 1, against " + f"`{baseline}` on the same samples)", "", head,
+             "|" + "---|" * (2 + 3 * len(others))]
+    for task, row in tasks.items():
+        turns = row.get(baseline, {}).get("turns", "")
+        cells = [f"{_f(row.get(m, {}).get('tau'))} | {_f(row.get(m, {}).get('mat'))} | "
+                 f"{_f(row.get(m, {}).get('speedup'))}x" for m in others]
+        name = f"**{task}**" if task == ALL else task
+        lines.append(f"| {name} | {turns} | " + " | ".join(cells) + " |")
+    batches = sorted({b for m in methods for b in throughput.get(m, {})}, key=int)
+    lines += ["", "## Throughput (generated tokens/s per actor; ratio to " + f"`{baseline}`)", "",
+              "| batch | " + " | ".join(methods) + " |", "|" + "---|" * (1 + len(methods))]
+    for b in batches:
+        cells = []
+        for m in methods:
+            t = throughput.get(m, {}).get(b)
+            cells.append("-" if t is None else _f(t["tokens_per_s"], ".1f") +
+                         ("" if m == baseline else f" ({_f(t['ratio'])}x)"))
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    for m in others:
+        at = overtaken_at(throughput, m)
+        lines.append("")
+        lines.append(f"- `{m}`: " + (f"`{baseline}` overtakes at batch {at}" if at else
+                                      f"ahead of `{baseline}` at every measured batch size"))
+    if memory:
+        lines += ["", "## Memory (peak, MiB; delta to " + f"`{baseline}`)", "",
+                  "| method | " + " | ".join(memory[methods[0]]) + " |", "|" + "---|" * (1 + len(memory[methods[0]]))]
+        lines += [f"| {m} | " + " | ".join(str(v) for v in memory[m].values()) + " |" for m in methods]
+    if bad:
+        lines += ["", "## Lossless check (greedy: outputs must equal the baseline's)", ""]
+        lines += [f"- `{m}`: {n} (sample, turn) pairs differ from `{baseline}`" for m, n in bad.items()]
+    if cdf_name:
+        lines += ["", f"![latency CDF]({cdf_name})"]
+    return "\n".join(lines) + "\n"

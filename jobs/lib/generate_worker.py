@@ -1,0 +1,253 @@
+"""The generate job's actor: one frozen target and the drafters of the compared methods; each call
+decodes one shard of an evaluation manifest with every method and commits it.
+
+Per shard: manifest rows -> encoded conversations (jobs.lib.precompute_stages.encode_row; a bad
+image or an over-long prompt is a reject with its reason) -> for each sample, each method in turn
+(interleaved, so that drift of a shared machine hits every method alike) decodes every assistant
+turn at batch 1 with the conversation so far (earlier turns hold that method's own answers) ->
+then, for each batch size > 1, the same turn prompts as one request stream through a continuous-
+batching engine of that size (throughput; outputs checked against batch 1 when greedy) -> tables
+committed with a marker (jobs.lib.artifact_store), so a rerun skips the shard.
+
+Engines are built once per actor (method, batch size), sized for max_length + max_new_tokens, and
+warmed up on their first use with a request that is not timed.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import time
+import zlib
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs.lib.storage import Storage, StorageConfig
+
+RESPONSES_SCHEMA = pa.schema([
+    ("id", pa.string()), ("source", pa.string()), ("task", pa.string()), ("turn", pa.int32()),
+    ("method", pa.string()),
+    ("response", pa.string()),                    # decoded, special tokens dropped
+    ("response_ids", pa.list_(pa.int32())),       # exactly the generated tokens, through EOS
+    ("finished_by", pa.string()),                 # eos | length
+    ("target_path", pa.string()), ("target_config_sha256", pa.string()),
+])
+METRICS_SCHEMA = pa.schema([
+    ("id", pa.string()), ("source", pa.string()), ("task", pa.string()), ("turn", pa.int32()),
+    ("method", pa.string()),
+    ("prompt_tokens", pa.int32()),
+    ("new_tokens", pa.int32()),
+    ("steps", pa.int32()),                        # target forwards after the prefill
+    ("tau", pa.float64()),                        # committed tokens per step, bonus included
+    ("mat", pa.float64()),                        # accepted draft tokens per step (tau - 1)
+    ("prefill_s", pa.float64()), ("decode_s", pa.float64()), ("latency_s", pa.float64()),
+    ("tokens_per_s", pa.float64()),
+])
+REJECTS_SCHEMA = pa.schema([
+    ("id", pa.string()), ("source", pa.string()), ("method", pa.string()), ("turn", pa.int32()),
+    ("stage", pa.string()), ("reason", pa.string()),
+])
+KINDS = {"responses": RESPONSES_SCHEMA, "metrics": METRICS_SCHEMA, "rejects": REJECTS_SCHEMA}
+
+
+@dataclass(frozen=True)
+class MethodPlan:
+    """One compared method as the actor needs it (built from the job config)."""
+
+    name: str
+    drafter: str | None            # None: autoregressive
+    visual_correction: bool = True
+    width: int = 6
+    depth: int = 6
+    budget: int = 40
+
+
+def _seed(base: int, sample_id: str, turn: int) -> int:
+    return (base * 1_000_003 + zlib.crc32(f"{sample_id}/{turn}".encode())) % 2**63
+
+
+class GenerateWorker:
+    def __init__(self, target_path: str, target_identity: dict, methods: list[MethodPlan],
+                 storage: StorageConfig, out_uri: str, *, dtype: str = "auto", max_length: int = 2048,
+                 max_new_tokens: int = 256, batch_sizes: tuple[int, ...] = (1,), sampling: dict | None = None,
+                 seed: int = 0, cpu_threads: int = 1, metadata: dict | None = None):
+        import torch
+
+        from spec_core.decoding import SamplingConfig
+        from spec_core.fovea import FoveaDrafter
+        from spec_core.targets import load_target
+        from spec_core.targets.encode import load_image_encoder
+
+        torch.set_num_threads(max(1, cpu_threads))
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = ("bfloat16" if self.device == "cuda" else "float32") if dtype == "auto" else dtype
+        self.adapter = load_target(target_path, dtype=getattr(torch, dtype), device=self.device)
+        self.encoder = load_image_encoder(target_path)
+        self.identity, self.methods = target_identity, methods
+        self.drafters = {m.drafter: FoveaDrafter.from_pretrained(m.drafter, self.adapter)
+                         .to(self.device, getattr(torch, dtype)).eval()
+                         for m in methods if m.drafter is not None}
+        self.store, self.out = Storage(storage), out_uri
+        self.manifests: dict[str, pa.Table] = {}
+        self.max_length, self.max_new = max_length, max_new_tokens
+        self.batch_sizes = tuple(batch_sizes)
+        self.sampling = SamplingConfig(**(sampling or {}))
+        self.seed, self.metadata = seed, {k: str(v) for k, v in (metadata or {}).items()}
+        eos = self.adapter.model.generation_config.eos_token_id
+        eos = self.adapter.text_config.eos_token_id if eos is None else eos
+        self.eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.engines: dict[tuple[str, int], object] = {}
+        self.peak_state: dict[str, int] = {}
+        self.gpu_peak: dict[str, int] = {}
+
+    # --- engines ---------------------------------------------------------------------------------
+    def _engine(self, method: MethodPlan, batch: int, warm_inputs: dict):
+        import torch
+
+        from spec_core.decoding import DecodeEngine, Request, TreeConfig
+        from spec_core.decoding.engine import step_scratch
+
+        key = (method.name, batch)
+        if key not in self.engines:
+            tree = TreeConfig(method.width, method.depth, method.budget)
+            drafter = self.drafters.get(method.drafter) if method.drafter else None
+            capacity = self.max_length + self.max_new + step_scratch(tree, drafter is not None) + 1
+            gen = torch.Generator(device=self.device).manual_seed(self.seed)
+            engine = DecodeEngine(self.adapter, drafter, batch_size=batch, capacity=capacity, tree=tree,
+                                  sampling=self.sampling, eos_token_ids=self.eos, generator=gen,
+                                  visual_correction=method.visual_correction)
+            list(engine.generate([Request(warm_inputs, min(8, self.max_new))]))  # warm-up, not timed
+            self.engines[key] = engine
+        return self.engines[key]
+
+    def _inputs(self, ids: list[int], images: dict) -> dict:
+        import torch
+
+        from spec_core.targets.encode import collate_image_inputs
+
+        ids_1T = torch.tensor([ids], dtype=torch.long)
+        batch = {"input_ids": ids_1T, "attention_mask": torch.ones_like(ids_1T), **collate_image_inputs([images]),
+                 **self.encoder.token_inputs(ids_1T)}
+        dtype = next(self.adapter.model.parameters()).dtype
+        return {k: v.to(self.device, dtype if v.is_floating_point() else v.dtype) for k, v in batch.items()}
+
+    # --- one sample, one method, turn by turn ----------------------------------------------------
+    def _conversation(self, method: MethodPlan, sample: dict, out: dict) -> list[dict]:
+        """Decode every assistant turn at batch 1; returns the turn prompts (for throughput)."""
+        import torch
+
+        from spec_core.decoding import Request
+        from spec_core.targets.encode import assistant_spans, splice_answer
+
+        ids, mask = sample["input_ids"], sample["loss_mask"]
+        prompts = []
+        for turn in range(len(assistant_spans(mask))):
+            span = assistant_spans(mask)[turn]
+            prompt = ids[: span[0]]
+            base = {"id": sample["id"], "source": sample["source"], "method": method.name, "turn": turn}
+            if len(prompt) > self.max_length:
+                out["rejects"].append({**base, "stage": "decode", "reason":
+                                       f"too long: prompt of {len(prompt)} tokens > max_length {self.max_length}"})
+                return prompts
+            inputs = self._inputs(prompt, sample["images"])
+            engine = self._engine(method, 1, inputs)
+            engine.gen.manual_seed(_seed(self.seed, sample["id"], turn))
+            if self.device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            try:
+                (res,) = engine.generate([Request(inputs, self.max_new, (sample["id"], turn))])
+            except (ValueError, RuntimeError) as err:  # a prompt the target cannot take: this sample's
+                out["rejects"].append({**base, "stage": "decode", "reason": f"{type(err).__name__}: {err}"})
+                return prompts
+            if self.device == "cuda":
+                self.gpu_peak[method.name] = max(self.gpu_peak.get(method.name, 0), torch.cuda.max_memory_allocated())
+            self.peak_state[method.name] = max(self.peak_state.get(method.name, 0), engine.state_bytes())
+            answer = res.sequences[0].tolist()
+            prompts.append({"key": (sample["id"], turn), "ids": prompt, "images": sample["images"], "answer": answer})
+            self._record(out, sample, method, turn, prompt, res)
+            ids, mask, _ = splice_answer(ids, mask, span, answer, self.eos)
+        return prompts
+
+    def _record(self, out: dict, sample: dict, method: MethodPlan, turn: int, prompt: list[int], res) -> None:
+        answer = res.sequences[0].tolist()
+        steps = res.steps
+        tau = sum(res.accept_lengths) / steps if steps else None
+        latency = res.prefill_s + res.decode_s
+        common = {"id": sample["id"], "source": sample["source"], "task": sample["task"], "turn": turn,
+                  "method": method.name}
+        out["responses"].append({**common, "response": self.encoder.tokenizer.decode(answer, skip_special_tokens=True),
+                                 "response_ids": answer, "finished_by": res.finished_by,
+                                 "target_path": self.identity.get("target_path"),
+                                 "target_config_sha256": self.identity.get("target_config_sha256")})
+        out["metrics"].append({**common, "prompt_tokens": len(prompt), "new_tokens": len(answer), "steps": steps,
+                               "tau": tau, "mat": None if tau is None else tau - 1, "prefill_s": res.prefill_s,
+                               "decode_s": res.decode_s, "latency_s": latency,
+                               "tokens_per_s": len(answer) / latency if latency > 0 else None})
+
+    # --- throughput at batch sizes > 1 ----------------------------------------------------------
+    def _throughput(self, method: MethodPlan, prompts: list[dict], batch: int) -> dict:
+        from spec_core.decoding import Request
+
+        if not prompts:
+            return {"tokens": 0, "seconds": 0.0, "mismatches": 0}
+        requests = [Request(self._inputs(p["ids"], p["images"]), self.max_new, p["key"]) for p in prompts]
+        engine = self._engine(method, batch, requests[0].inputs)
+        engine.gen.manual_seed(self.seed)
+        t0 = time.perf_counter()
+        results = list(engine.generate(requests))
+        seconds = time.perf_counter() - t0
+        self.peak_state[method.name] = max(self.peak_state.get(method.name, 0), engine.state_bytes())
+        want = {p["key"]: p["answer"] for p in prompts}
+        mismatches = 0 if self.sampling.do_sample else sum(r.sequences[0].tolist() != want[r.key] for r in results)
+        return {"tokens": sum(r.sequences.shape[1] for r in results), "seconds": seconds, "mismatches": mismatches}
+
+    # --- one shard -------------------------------------------------------------------------------
+    def _encode(self, rows: list[dict]) -> tuple[list[dict], list[dict]]:
+        from jobs.lib.precompute_stages import encode_row
+        from spec_core.targets.encode import EncodeError
+
+        samples, rejects = [], []
+        for row in rows:
+            conv = list(row.get("conversation") or [])
+            if conv and conv[-1].get("role") == "user":  # prompt-only rows: a stand-in answer to replace
+                conv.append({"role": "assistant", "content": "."})
+            try:
+                enc = encode_row({**row, "conversation": conv}, self.encoder, self.store, None)
+            except (EncodeError, ValueError, OSError) as err:
+                rejects.append({"id": row.get("id"), "source": row.get("source"), "method": None, "turn": None,
+                                "stage": "encode", "reason": str(err)})
+                continue
+            samples.append({"id": row["id"], "source": row.get("source"), "task": row.get("task") or row.get("source"),
+                            **enc})
+        return samples, rejects
+
+    def __call__(self, item: dict) -> dict:
+        from jobs.lib.artifact_store import commit_shard
+
+        t0 = time.perf_counter()
+        if item["manifest"] not in self.manifests:
+            self.manifests[item["manifest"]] = pq.read_table(io.BytesIO(self.store.read_bytes(item["manifest"])))
+        rows = self.manifests[item["manifest"]].slice(item["start"], item["stop"] - item["start"]).to_pylist()
+        samples, rejects = self._encode(rows)
+        out = {"responses": [], "metrics": [], "rejects": rejects}
+        prompts: dict[str, list[dict]] = {m.name: [] for m in self.methods}
+        for sample in samples:
+            for method in self.methods:
+                prompts[method.name] += self._conversation(method, sample, out)
+        throughput = {m.name: {} for m in self.methods}
+        for batch in self.batch_sizes:
+            for method in self.methods:
+                if batch == 1:  # the batch-1 pass above: its decode time is the throughput time
+                    mine = [r for r in out["metrics"] if r["method"] == method.name]
+                    throughput[method.name]["1"] = {"tokens": sum(r["new_tokens"] for r in mine),
+                                                    "seconds": sum(r["latency_s"] for r in mine), "mismatches": 0}
+                else:
+                    throughput[method.name][str(batch)] = self._throughput(method, prompts[method.name], batch)
+        record = {"samples": len(samples), "rejects": len(out["rejects"]), "throughput": throughput,
+                  "state_bytes": dict(self.peak_state), "gpu_peak_bytes": dict(self.gpu_peak),
+                  "busy_seconds": time.perf_counter() - t0, "actor": f"{socket.gethostname()}:{os.getpid()}",
+                  "finished_unix": time.time()}
+        return commit_shard(self.store, self.out, int(item["shard"]), out, self.metadata, record, KINDS)

@@ -1,0 +1,188 @@
+"""jobs/generate.py on a tiny reference target with untrained drafters: outputs equal the target's
+own HF `generate` (turn by turn, the conversation so far holding the earlier answers), every method
+equals the AR baseline token for token at every batch size, bad samples are recorded with a reason,
+a rerun skips committed shards, the report has every task and the throughput table."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoProcessor
+
+from jobs.generate import GenerateConfig, main
+from jobs.lib.artifact_store import committed_shards, marker_uri
+from jobs.lib.config import ConfigError, load_config
+from jobs.lib.storage import Storage
+from spec_core.fovea import FoveaDrafter
+from spec_core.reference.tasks import TASKS, make_split
+from spec_core.reference.vlm.build import build_target
+from spec_core.targets import load_target
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny target, two untrained drafters (with and without visual correction), and an eval
+    manifest folder: two files, one holding a corrupt image and an over-long question."""
+    root = tmp_path_factory.mktemp("gen")
+    train = [s for t in TASKS for s in make_split(t, 4, 0, "train")]
+    build_target("tiny", str(root / "target"), samples=train)
+    adapter = load_target(root / "target")
+    torch.manual_seed(0)
+    FoveaDrafter.from_target(adapter, n_blocks=1).save_pretrained(root / "drafter")
+    FoveaDrafter.from_target(adapter, n_blocks=1, visual_correction=False).save_pretrained(root / "drafter_nc")
+    evals = [s for t in TASKS for s in make_split(t, 2, 0, "eval")]
+    rows = [{"id": s["id"], "source": "ref", "split": "eval", "task": s["task"], "image_uri": None,
+             "image_bytes": s["image_png"], "image_sha256": s["image_sha256"], "conversation": s["conversation"]}
+            for s in evals]
+    (root / "eval").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), root / "eval" / "ref.parquet")
+    long_q = [{"role": "user", "content": "<image>\n" + "Describe the picture once more. " * 60},
+              {"role": "assistant", "content": "Fine."}]
+    bad = [dict(rows[0], id="corrupt", source="bad", image_bytes=b"\x89PNG not really", image_sha256="x"),
+           dict(rows[1], id="too-long", source="bad", conversation=long_q)]
+    pq.write_table(pa.Table.from_pylist(bad), root / "eval" / "bad.parquet")
+    return root, evals
+
+
+def _cfg(root: Path, out: Path, **extra) -> GenerateConfig:
+    data = {"run": {"output_uri": str(out), "run_id": "t"}, "ray": {"num_cpus": 2},
+            "data": {"manifest": str(root / "eval"), "shard_size": 4, "max_length": 200},
+            "target": {"path": str(root / "target")}, "generation": {"max_new_tokens": MAX_NEW},
+            "compute": {"num_actors": 2, "batch_sizes": [1, 3]},
+            "methods": {"ar": {"kind": "ar"}, "fovea": {"drafter": str(root / "drafter"), "tree": {"budget": 12}},
+                        "control": {"drafter": str(root / "drafter_nc"),
+                                    "tree": {"width": 3, "depth": 4, "budget": 8}}},
+            "compare": ["ar", "fovea", "control"]}
+    for k, v in extra.items():
+        data[k] = {**data.get(k, {}), **v}
+    return GenerateConfig.model_validate(data)
+
+
+@pytest.fixture(scope="module")
+def run(world, ray_local, tmp_path_factory):
+    root, evals = world
+    out = tmp_path_factory.mktemp("out")
+    m = main(_cfg(root, out))
+    run_dir = Path(m["figures"]["run_dir"])
+    tables = {k: pq.read_table(run_dir / f"{k}.parquet").to_pylist() for k in ("responses", "metrics", "rejects")}
+    return root, evals, out, m, run_dir, tables
+
+
+def _hf_generate(model, processor, sample: dict, turns: list[dict]) -> list[int]:
+    """The target's own greedy continuation of `turns` (ending with a user turn)."""
+    image = Image.open(io.BytesIO(sample["image_png"])).convert("RGB")
+    text = processor.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    inputs = processor(text=text, images=image, add_special_tokens=False, return_tensors="pt")
+    seq = model.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False)
+    return seq[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def test_every_turn_equals_the_targets_own_generate(run):
+    root, evals, _, _, _, tables = run
+    adapter = load_target(root / "target")
+    processor = AutoProcessor.from_pretrained(root / "target")
+    eos = adapter.model.generation_config.eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos)
+    ar = {(r["id"], r["turn"]): r for r in tables["responses"] if r["method"] == "ar"}
+    checked_later_turn = False
+    for s in evals[::3] + [e for e in evals if e["task"] == "multi_turn"]:
+        turns = []
+        n_turns = len(s["conversation"]) // 2
+        for t in range(n_turns):
+            turns.append(s["conversation"][2 * t])
+            want = _hf_generate(adapter.model, processor, s, turns)
+            want = want[: want.index(eos) + 1] if eos in want else want
+            got = ar[(s["id"], t)]
+            assert got["response_ids"] == want, (s["id"], t)
+            assert got["finished_by"] == ("eos" if want[-1] in eos else "length")
+            turns.append({"role": "assistant", "content": got["response"]})  # the conversation so far
+            checked_later_turn |= t > 0
+    assert checked_later_turn
+
+
+def test_methods_are_lossless_at_every_batch_size(run):
+    _, evals, _, m, _, tables = run
+    by = {}
+    for r in tables["responses"]:
+        by.setdefault(r["method"], {})[(r["id"], r["turn"])] = r["response_ids"]
+    n_turns = sum(len(s["conversation"]) // 2 for s in evals)
+    assert len(by["ar"]) == n_turns
+    assert by["fovea"] == by["ar"] and by["control"] == by["ar"]
+    f = m["figures"]
+    assert f["fovea_mismatches"] == 0 and f["control_mismatches"] == 0  # includes the batch-3 streams
+    thr = m["details"]["throughput"]
+    for method in ("ar", "fovea", "control"):
+        assert set(thr[method]) == {"1", "3"}
+        assert thr[method]["3"]["tokens"] == thr["ar"]["1"]["tokens"] > 0
+    for r in tables["metrics"]:
+        if r["method"] == "ar" and r["steps"]:
+            assert r["tau"] == 1.0 and r["steps"] == r["new_tokens"] - 1
+        if r["steps"]:
+            assert 1.0 <= r["tau"] <= 1 + 6 and r["mat"] == pytest.approx(r["tau"] - 1)
+
+
+def test_bad_samples_are_recorded_and_the_rest_decoded(run):
+    _, evals, _, m, _, tables = run
+    reasons = {r["id"]: r["reason"] for r in tables["rejects"]}
+    assert set(reasons) == {"corrupt", "too-long"}
+    assert "image unreadable" in reasons["corrupt"]
+    assert "too long" in reasons["too-long"] and "max_length 200" in reasons["too-long"]
+    assert m["counts"]["samples"] == len(evals) + 1  # the over-long one encodes, then fails per turn
+    assert {r["id"] for r in tables["responses"]} == {s["id"] for s in evals}
+
+
+def test_report_has_every_task_throughput_and_memory(run):
+    _, _, _, m, run_dir, _ = run
+    report = (run_dir / "report.md").read_text()
+    for task in TASKS:
+        assert f"| {task} |" in report
+    assert "| 3 |" in report and "overtakes" in report or "ahead of" in report
+    png = (run_dir / "latency_cdf.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    mem = m["details"]["memory"]
+    assert mem["ar"]["state_delta_mib"] == 0 and mem["fovea"]["state_delta_mib"] > 0
+    per = m["details"]["per_task"]
+    assert set(per) == set(TASKS) | {"all"}
+    assert per["all"]["ar"]["speedup"] == pytest.approx(1.0)
+    assert json.loads((run_dir / "metrics.json").read_text())["figures"]["baseline"] == "ar"
+
+
+def test_a_rerun_redoes_only_uncommitted_shards(run, ray_local):
+    root, _, out, _, run_dir, tables = run
+    store = Storage()
+    shards = run_dir / "shards"
+    before = committed_shards(store, str(shards))
+    Path(marker_uri(str(shards), 1)).unlink()  # as if the job died before shard 1's commit
+    m = main(_cfg(root, out))
+    assert m["stages"]["generate"]["items"] == 1
+    assert committed_shards(store, str(shards)).keys() == before.keys()
+    again = pq.read_table(run_dir / "responses.parquet").to_pylist()
+    key = lambda r: (r["method"], r["id"], r["turn"])  # noqa: E731
+    assert sorted(map(key, again)) == sorted(map(key, tables["responses"]))  # nothing lost or doubled
+    assert {key(r): r["response_ids"] for r in again} == {key(r): r["response_ids"] for r in tables["responses"]}
+    m = main(_cfg(root, out))
+    assert m["stages"]["generate"].get("items", 0) == 0
+
+
+def test_config_mistakes_fail_before_any_work(world, tmp_path):
+    root, _ = world
+    base = _cfg(root, tmp_path).model_dump(mode="json")
+    with pytest.raises(Exception, match="not in methods"):
+        GenerateConfig.model_validate({**base, "compare": ["ar", "foveaa"]})
+    with pytest.raises(Exception, match="needs a drafter"):
+        GenerateConfig.model_validate({**base, "methods": {"ar": {"kind": "ar"}, "x": {"kind": "fovea"}}})
+    with pytest.raises(ConfigError, match="unknown field 'compute.batch_size'"):
+        load_config(GenerateConfig, None, ["compute.batch_size=4"])
+    with pytest.raises(FileNotFoundError, match="not a local drafter directory"):
+        main(_cfg(root, tmp_path, methods={"fovea": {"drafter": str(tmp_path / "nope")}}))
+    with pytest.raises(FileNotFoundError, match="no manifest"):
+        main(_cfg(root, tmp_path, data={"manifest": str(tmp_path / "empty")}))
