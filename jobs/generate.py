@@ -50,6 +50,8 @@ class TreeSection(Strict):
     width: int = Field(6, ge=1, description="K_c: children per expanded node")
     depth: int = Field(6, ge=1, description="D: longest draft path")
     budget: int = Field(40, ge=1, description="draft nodes verified per step")
+    step_tokens: int = Field(0, ge=0, description="> 0: at most this many tokens verified per step over "
+                             "the batch; trees shrink as more samples share a step (TreeConfig.for_batch)")
 
 
 class MethodSection(Strict):
@@ -179,7 +181,7 @@ def main(cfg: GenerateConfig) -> dict:
     rec.figure("ray", init_ray(cfg.ray)["mode"])
     local = lambda p: str(Path(p).resolve()) if scheme_of(p) == "file" else p  # noqa: E731
     plans = [MethodPlan(name, local(m.drafter) if m.drafter else None, m.visual_correction,
-                        m.tree.width, m.tree.depth, m.tree.budget)
+                        m.tree.width, m.tree.depth, m.tree.budget, m.tree.step_tokens)
              for name, m in ((n, cfg.methods[n]) for n in cfg.compare)]
     gen = cfg.generation
     with rec.stage("generate") as st:

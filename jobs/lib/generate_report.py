@@ -46,11 +46,14 @@ def task_table(metrics: list[dict], methods: list[str], baseline: str) -> dict[s
 def throughput_table(records: list[dict], methods: list[str], baseline: str) -> dict[str, dict[str, dict]]:
     """method -> batch size -> {tokens, seconds, tokens_per_s, ratio (to the baseline), mismatches}."""
     sums: dict[str, dict[str, list]] = {m: defaultdict(lambda: [0, 0.0, 0]) for m in methods}
+    phases: dict[str, dict[str, dict[str, float]]] = {m: defaultdict(lambda: defaultdict(float)) for m in methods}
     for rec in records:
         for m in methods:
             for batch, t in rec.get("throughput", {}).get(m, {}).items():
                 s = sums[m][batch]
                 s[0], s[1], s[2] = s[0] + t["tokens"], s[1] + t["seconds"], s[2] + t.get("mismatches", 0)
+                for phase, sec in t.get("phases", {}).items():
+                    phases[m][batch][phase] += sec
     out = {}
     for m in methods:
         out[m] = {}
@@ -60,7 +63,8 @@ def throughput_table(records: list[dict], methods: list[str], baseline: str) -> 
             tps = tok / sec if sec > 0 else None
             base_tps = b_tok / b_sec if b_sec > 0 else None
             out[m][batch] = {"tokens": tok, "seconds": round(sec, 3), "tokens_per_s": tps,
-                             "ratio": tps / base_tps if tps and base_tps else None, "mismatches": bad}
+                             "ratio": tps / base_tps if tps and base_tps else None, "mismatches": bad,
+                             "phases": {p: round(v, 3) for p, v in phases[m][batch].items()}}
     return out
 
 
@@ -153,6 +157,16 @@ def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list
         lines.append("")
         lines.append(f"- `{m}`: " + (f"`{baseline}` overtakes at batch {at}" if at else
                                       f"ahead of `{baseline}` at every measured batch size"))
+    profile = [(m, b, t["phases"]) for m in methods for b, t in sorted(throughput.get(m, {}).items(),
+                                                                      key=lambda kv: int(kv[0])) if t.get("phases")]
+    if profile:
+        lines += ["", "## Where the time goes (ms per generated token: prefill, draft, verify, commit "
+                  "with the drafter's catch-up)", "", "| method | batch | prefill | draft | verify | commit |",
+                  "|---|---|---|---|---|---|"]
+        for m, b, ph in profile:
+            tok = max(throughput[m][b]["tokens"], 1)
+            lines.append(f"| {m} | {b} | " + " | ".join(f"{1e3 * ph.get(p, 0.0) / tok:.2f}" for p in
+                                                       ("prefill", "draft", "verify", "commit")) + " |")
     if memory:
         lines += ["", "## Memory (peak, MiB; delta to " + f"`{baseline}`)", "",
                   "| method | " + " | ".join(memory[methods[0]]) + " |", "|" + "---|" * (1 + len(memory[methods[0]]))]

@@ -63,6 +63,7 @@ class MethodPlan:
     width: int = 6
     depth: int = 6
     budget: int = 40
+    step_tokens: int = 0
 
 
 def _seed(base: int, sample_id: str, turn: int) -> int:
@@ -112,7 +113,7 @@ class GenerateWorker:
 
         key = (method.name, batch)
         if key not in self.engines:
-            tree = TreeConfig(method.width, method.depth, method.budget)
+            tree = TreeConfig(method.width, method.depth, method.budget, method.step_tokens)
             drafter = self.drafters.get(method.drafter) if method.drafter else None
             capacity = self.max_length + self.max_new + step_scratch(tree, drafter is not None) + 1
             gen = torch.Generator(device=self.device).manual_seed(self.seed)
@@ -120,6 +121,7 @@ class GenerateWorker:
                                   sampling=self.sampling, eos_token_ids=self.eos, generator=gen,
                                   visual_correction=method.visual_correction)
             list(engine.generate([Request(warm_inputs, min(8, self.max_new))]))  # warm-up, not timed
+            engine.phase_s = dict.fromkeys(engine.phase_s, 0.0)
             self.engines[key] = engine
         return self.engines[key]
 
@@ -228,6 +230,7 @@ class GenerateWorker:
         from jobs.lib.artifact_store import commit_shard
 
         t0 = time.perf_counter()
+        phases0 = {k: dict(e.phase_s) for k, e in self.engines.items()}
         if item["manifest"] not in self.manifests:
             self.manifests[item["manifest"]] = pq.read_table(io.BytesIO(self.store.read_bytes(item["manifest"])))
         rows = self.manifests[item["manifest"]].slice(item["start"], item["stop"] - item["start"]).to_pylist()
@@ -246,6 +249,10 @@ class GenerateWorker:
                                                     "seconds": sum(r["latency_s"] for r in mine), "mismatches": 0}
                 else:
                     throughput[method.name][str(batch)] = self._throughput(method, prompts[method.name], batch)
+        for (name, batch), engine in self.engines.items():  # seconds per phase this shard
+            if str(batch) in throughput[name]:
+                before = phases0.get((name, batch), {})
+                throughput[name][str(batch)]["phases"] = {p: v - before.get(p, 0.0) for p, v in engine.phase_s.items()}
         record = {"samples": len(samples), "rejects": len(out["rejects"]), "throughput": throughput,
                   "state_bytes": dict(self.peak_state), "gpu_peak_bytes": dict(self.gpu_peak),
                   "busy_seconds": time.perf_counter() - t0, "actor": f"{socket.gethostname()}:{os.getpid()}",

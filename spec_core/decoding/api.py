@@ -5,7 +5,8 @@
 
 `inputs` is what the target's HF processor returns for one sample. Options: do_sample,
 temperature, top_k, top_p (HF semantics), eos_token_id (default: the target's generation config),
-seed or generator, and for the tree width / depth / budget (EAGLE-2 defaults 6 / 6 / 40).
+seed or generator, and for the tree width / depth / budget (EAGLE-2 defaults 6 / 6 / 40) and
+step_tokens (a cap on tokens verified per step, `TreeConfig.for_batch`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _engine(target_model, drafter, inputs, max_new_tokens, options) -> DecodeEng
     adapter = target_model if isinstance(target_model, TargetAdapter) else adapter_for(target_model)
     opts = dict(options)
     sampling = SamplingConfig(**{k: opts.pop(k) for k in ("do_sample", "temperature", "top_k", "top_p") if k in opts})
-    tree = TreeConfig(**{k: opts.pop(k) for k in ("width", "depth", "budget") if k in opts})
+    tree = TreeConfig(**{k: opts.pop(k) for k in ("width", "depth", "budget", "step_tokens") if k in opts})
     eos = _eos_ids(adapter.model, opts.pop("eos_token_id", None))
     gen = opts.pop("generator", None)
     if "seed" in opts:

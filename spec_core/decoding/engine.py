@@ -106,6 +106,10 @@ class DecodeEngine:
                                      dtype=drafter.fc.weight.dtype if drafter is not None else torch.float32)
         self.mem: VisualMemory | None = None
         self.slots: list[_Slot | None] = [None] * batch_size
+        # seconds per phase of step() (prefill: admissions), summed since construction; on CUDA the
+        # phase boundaries synchronize, so they are exact but not free
+        self.phase_s = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "commit": 0.0}
+        self._sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def scratch(self) -> int:
         return step_scratch(self.tree_cfg, self.drafter is not None)
@@ -137,7 +141,9 @@ class DecodeEngine:
         self.len_B[b], self.tpos_B[b], self.root_B[b] = T, last_pos + 1, y
         if self.drafter is not None:
             self._drafter_prefill(b, ids_1T, y, out)
+        self._sync()
         slot = _Slot(request, [y], [], time.perf_counter() - t0, time.perf_counter())
+        self.phase_s["prefill"] += slot.prefill_s
         self.slots[b] = slot
         return self._finish(b) if self._done(slot) else None
 
@@ -214,19 +220,29 @@ class DecodeEngine:
         h, _ = d.blocks(x, self.len_B[:, None] + torch.arange(A, device=self.device), attend, self.dcache)
         self.root_h_BD = h[torch.arange(self.B, device=self.device), (n_B - 1).clamp_min(0)]
 
+    def _lap(self, phase: str, t0: float) -> float:
+        self._sync()
+        t = time.perf_counter()
+        self.phase_s[phase] += t - t0
+        return t
+
     @torch.no_grad()
     def step(self) -> list[Result]:
         """One draft-verify-commit round over all slots; returns the samples that finished."""
         active = [s is not None for s in self.slots]
+        lap = time.perf_counter()
         if self.drafter is not None:
-            tree = draft_tree(self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, self.tree_cfg)
+            cfg = self.tree_cfg.for_batch(sum(active))
+            tree = draft_tree(self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, cfg)
         else:
             tree = empty_tree(self.B, self.device)
+        lap = self._lap("draft", lap)
         hidden_BMD, logits_BMV = self._verify(tree)
         chosen_BM = choose_tokens(logits_BMV, self.sampling, self.gen)
         path_BD, n_B = walk(tree, chosen_BM)
         path, n, chosen = path_BD.tolist(), n_B.tolist(), chosen_BM.tolist()
         tokens = tree.tokens_BN.tolist()
+        lap = self._lap("verify", lap)
 
         A = max(n) + 1
         keep_src = self.len_B[:, None].repeat(1, A)       # pads copy the root slot onto itself
@@ -264,6 +280,7 @@ class DecodeEngine:
         self.len_B += adv_B
         self.tpos_B += adv_B
         self.root_B = torch.where(adv_B > 0, new_tok.gather(1, (adv_B - 1).clamp_min(0)[:, None])[:, 0], self.root_B)
+        self._lap("commit", lap)
         return [self._finish(b) for b in finished]
 
     # --- the loop --------------------------------------------------------------------------------

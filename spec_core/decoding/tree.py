@@ -20,10 +20,22 @@ class TreeConfig:
     width: int = 6      # K_c: children per expanded node, and nodes expanded per depth
     depth: int = 6      # D: longest draft path
     budget: int = 40    # N: draft nodes verified per step
+    step_tokens: int = 0  # > 0: at most this many tokens verified per step over the batch (see for_batch)
 
     def __post_init__(self):
-        if min(self.width, self.depth, self.budget) < 1:
-            raise ValueError("tree width, depth and budget must be >= 1")
+        if min(self.width, self.depth, self.budget) < 1 or self.step_tokens < 0:
+            raise ValueError("tree width, depth and budget must be >= 1, step_tokens >= 0")
+
+    def for_batch(self, n_active: int) -> TreeConfig:
+        """The tree for a step with n_active samples. With step_tokens set, each sample's tree
+        keeps at most step_tokens // n_active - 1 nodes (>= 1; width and depth no larger): where
+        a forward's cost grows with its tokens (CPUs, large batches on GPUs), a batch of many
+        samples verifies small trees and a lone sample the full one. Output is unchanged
+        (any tree is lossless); only the step count and the cost per step move."""
+        if not self.step_tokens:
+            return self
+        b = max(1, min(self.budget, self.step_tokens // max(n_active, 1) - 1))
+        return TreeConfig(min(self.width, b), min(self.depth, b), b)
 
 
 @dataclass

@@ -123,6 +123,8 @@ def test_methods_are_lossless_at_every_batch_size(run):
     for method in ("ar", "fovea", "control"):
         assert set(thr[method]) == {"1", "3"}
         assert thr[method]["3"]["tokens"] == thr["ar"]["1"]["tokens"] > 0
+        for t in thr[method].values():  # the phases are laps inside the timed wall
+            assert 0 < sum(t["phases"].values()) <= t["seconds"] * 1.01 + 0.01
     for r in tables["metrics"]:
         if r["method"] == "ar" and r["steps"]:
             assert r["tau"] == 1.0 and r["steps"] == r["new_tokens"] - 1

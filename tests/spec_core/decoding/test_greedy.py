@@ -46,12 +46,14 @@ def test_max_new_tokens_reached_mid_path(tiny_world):
             assert spec.sequences[0].tolist() == hf_greedy(adapter.model, inputs, n)
 
 
-@pytest.mark.parametrize("tree", [TreeConfig(), TreeConfig(width=2, depth=3, budget=4), TreeConfig(width=1, depth=1, budget=1)])
+@pytest.mark.parametrize("tree", [TreeConfig(), TreeConfig(width=2, depth=3, budget=4), TreeConfig(width=1, depth=1, budget=1),
+                                  TreeConfig(step_tokens=8)])  # trees shrink while 3 samples share a step
 def test_batched_decoding_gives_each_sample_its_batch1_output(tiny_world, tree):
     adapter, processor, drafter, evals = tiny_world
     samples = evals[::3]  # prompts of different lengths, over all tasks
     alone = {s["id"]: speculative_generate(adapter.model, drafter, prompt_inputs(processor, s), 30,
-                                           width=tree.width, depth=tree.depth, budget=tree.budget).sequences[0].tolist()
+                                           width=tree.width, depth=tree.depth, budget=tree.budget,
+                                           step_tokens=tree.step_tokens).sequences[0].tolist()
              for s in samples}
     for spec_drafter in (drafter, None):
         engine = DecodeEngine(adapter, spec_drafter, batch_size=3, capacity=256, tree=tree,
