@@ -91,3 +91,14 @@ def test_job_cli_exits_2_on_typo(tmp_path, job):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "run.output_urii" in lines[0] and str(p) in lines[0]
     assert "ray" not in r.stdout.lower()  # failed before any Ray work
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_the_jobs_shipped_yaml_validates(job):
+    """manifests/jobs/<job>.yaml loads into the job's own config class (the docs run these)."""
+    import importlib
+
+    module = importlib.import_module(f"jobs.{job}")
+    (model,) = {v for v in vars(module).values()
+                if isinstance(v, type) and issubclass(v, JobConfig) and v is not JobConfig and v.__module__ == module.__name__}
+    load_config(model, Path(REPO) / "manifests" / "jobs" / f"{job}.yaml")
