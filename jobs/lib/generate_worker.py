@@ -163,6 +163,7 @@ class GenerateWorker:
                 (res,) = engine.generate([Request(inputs, self.max_new, (sample["id"], turn))])
             except (ValueError, RuntimeError) as err:  # a prompt the target cannot take: this sample's
                 out["rejects"].append({**base, "stage": "decode", "reason": f"{type(err).__name__}: {err}"})
+                del self.engines[(method.name, 1)]  # a step may have failed half-way: a fresh engine
                 return prompts
             if self.device == "cuda":
                 self.gpu_peak[method.name] = max(self.gpu_peak.get(method.name, 0), torch.cuda.max_memory_allocated())
