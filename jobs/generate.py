@@ -58,6 +58,8 @@ class MethodSection(Strict):
     kind: Literal["ar", "fovea"] = "fovea"
     drafter: str | None = Field(None, description="a saved FoveaDrafter directory (kind fovea)")
     visual_correction: bool = Field(True, description="false: score drafts without the visual memory")
+    correction_depth: int | None = Field(None, ge=0, description="correct draft states at depths <= this; "
+                                         "null: the drafter's trained value")
     tree: TreeSection = TreeSection()
 
     @model_validator(mode="after")
@@ -181,7 +183,7 @@ def main(cfg: GenerateConfig) -> dict:
     rec.figure("ray", init_ray(cfg.ray)["mode"])
     local = lambda p: str(Path(p).resolve()) if scheme_of(p) == "file" else p  # noqa: E731
     plans = [MethodPlan(name, local(m.drafter) if m.drafter else None, m.visual_correction,
-                        m.tree.width, m.tree.depth, m.tree.budget, m.tree.step_tokens)
+                        m.tree.width, m.tree.depth, m.tree.budget, m.tree.step_tokens, m.correction_depth)
              for name, m in ((n, cfg.methods[n]) for n in cfg.compare)]
     gen = cfg.generation
     with rec.stage("generate") as st:

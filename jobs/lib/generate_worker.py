@@ -64,6 +64,7 @@ class MethodPlan:
     depth: int = 6
     budget: int = 40
     step_tokens: int = 0
+    correction_depth: int | None = None   # None: as the drafter was trained
 
 
 def _seed(base: int, sample_id: str, turn: int) -> int:
@@ -119,7 +120,8 @@ class GenerateWorker:
             gen = torch.Generator(device=self.device).manual_seed(self.seed)
             engine = DecodeEngine(self.adapter, drafter, batch_size=batch, capacity=capacity, tree=tree,
                                   sampling=self.sampling, eos_token_ids=self.eos, generator=gen,
-                                  visual_correction=method.visual_correction)
+                                  visual_correction=method.visual_correction,
+                                  correction_depth=method.correction_depth)
             list(engine.generate([Request(warm_inputs, min(8, self.max_new))]))  # warm-up, not timed
             engine.phase_s = dict.fromkeys(engine.phase_s, 0.0)
             self.engines[key] = engine

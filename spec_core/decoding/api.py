@@ -6,7 +6,8 @@
 `inputs` is what the target's HF processor returns for one sample. Options: do_sample,
 temperature, top_k, top_p (HF semantics), eos_token_id (default: the target's generation config),
 seed or generator, and for the tree width / depth / budget (EAGLE-2 defaults 6 / 6 / 40) and
-step_tokens (a cap on tokens verified per step, `TreeConfig.for_batch`).
+step_tokens (a cap on tokens verified per step, `TreeConfig.for_batch`); visual_correction and
+correction_depth (None: as the drafter was trained) for how drafts are scored.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def _engine(target_model, drafter, inputs, max_new_tokens, options) -> DecodeEng
     opts = dict(options)
     sampling = SamplingConfig(**{k: opts.pop(k) for k in ("do_sample", "temperature", "top_k", "top_p") if k in opts})
     tree = TreeConfig(**{k: opts.pop(k) for k in ("width", "depth", "budget", "step_tokens") if k in opts})
+    drafting = {k: opts.pop(k) for k in ("visual_correction", "correction_depth") if k in opts}
     eos = _eos_ids(adapter.model, opts.pop("eos_token_id", None))
     gen = opts.pop("generator", None)
     if "seed" in opts:
@@ -49,7 +51,7 @@ def _engine(target_model, drafter, inputs, max_new_tokens, options) -> DecodeEng
     T = torch.as_tensor(inputs["input_ids"]).shape[-1]
     capacity = T + max_new_tokens + step_scratch(tree, drafter is not None) + 1
     return DecodeEngine(adapter, drafter, batch_size=1, capacity=capacity, tree=tree, sampling=sampling,
-                        eos_token_ids=eos, generator=gen)
+                        eos_token_ids=eos, generator=gen, **drafting)
 
 
 def speculative_generate(target_model, drafter, inputs, max_new_tokens: int, **options) -> GenerateOutput:

@@ -27,18 +27,19 @@ from spec_core.fovea.drafter import FoveaDrafter
 _MAX_LOGP = -1e-9
 
 
-def _log_probs(drafter: FoveaDrafter, h_BWD: torch.Tensor, depth: int, mem: VisualMemory | None):
+def _log_probs(drafter: FoveaDrafter, h_BWD: torch.Tensor, depth: int, mem: VisualMemory | None,
+               correction_depth: int | None):
     depth_BW = torch.full(h_BWD.shape[:2], depth, dtype=torch.long, device=h_BWD.device)
-    hidden = drafter.correct(h_BWD, depth_BW, mem).hidden_BSD
+    hidden = drafter.correct(h_BWD, depth_BW, mem, correction_depth).hidden_BSD
     return torch.log_softmax(drafter.logits(hidden).double(), dim=-1).clamp_max(_MAX_LOGP)
 
 
 @torch.no_grad()
 def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tensor, len_B: torch.Tensor,
-               mem: VisualMemory | None, cfg: TreeConfig) -> DraftTree:
+               mem: VisualMemory | None, cfg: TreeConfig, correction_depth: int | None = None) -> DraftTree:
     B, dev = root_h_BD.shape[0], root_h_BD.device
     W = min(cfg.width, drafter.lm_head.out_features)
-    logp_BWV = _log_probs(drafter, root_h_BD[:, None], 0, mem)
+    logp_BWV = _log_probs(drafter, root_h_BD[:, None], 0, mem, correction_depth)
     score_BW, tok_BW = logp_BWV[:, 0].topk(W, dim=-1)
     tokens, scores = [tok_BW], [score_BW]
     parents = [torch.full((B, W), -1, dtype=torch.long, device=dev)]
@@ -60,7 +61,7 @@ def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tenso
         x = drafter.input_states(front_tok, front_parent_h)
         h_BWD, _ = drafter.blocks(x, (len_B + d - 1)[:, None].expand(B, W), attend, cache)
         # their children
-        child_lp, child_tok = _log_probs(drafter, h_BWD, d, mem).topk(W, dim=-1)   # (B, W, W)
+        child_lp, child_tok = _log_probs(drafter, h_BWD, d, mem, correction_depth).topk(W, dim=-1)   # (B, W, W)
         child_score = front_score[:, :, None] + child_lp
         tokens.append(child_tok.reshape(B, W * W))
         scores.append(child_score.reshape(B, W * W))

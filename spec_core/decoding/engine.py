@@ -84,9 +84,10 @@ class DecodeEngine:
     def __init__(self, adapter, drafter=None, *, batch_size: int = 1, capacity: int = 4096,
                  tree: TreeConfig | None = None, sampling: SamplingConfig | None = None,
                  eos_token_ids: Iterable[int] = (), generator: torch.Generator | None = None,
-                 visual_correction: bool = True):
+                 visual_correction: bool = True, correction_depth: int | None = None):
         self.adapter, self.drafter = adapter, drafter
         self.visual_correction = visual_correction  # False: the drafter scores without its memory
+        self.correction_depth = correction_depth    # None: the drafter's trained correction_depth
         self.tree_cfg = tree or TreeConfig()
         self.sampling = sampling or SamplingConfig()
         self.eos = set(int(e) for e in eos_token_ids)
@@ -233,7 +234,8 @@ class DecodeEngine:
         lap = time.perf_counter()
         if self.drafter is not None:
             cfg = self.tree_cfg.for_batch(sum(active))
-            tree = draft_tree(self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, cfg)
+            tree = draft_tree(self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, cfg,
+                              self.correction_depth)
         else:
             tree = empty_tree(self.B, self.device)
         lap = self._lap("draft", lap)

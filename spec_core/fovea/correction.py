@@ -75,9 +75,11 @@ class VisualCorrection(nn.Module):
                                               k_min=c.k_min, k_max=c.k_max, k_fixed=c.k_fixed)
         return torch.einsum("bsp,bpd->bsd", weights_BSP.to(mem.values_BPD.dtype), mem.values_BPD), k_BS
 
-    def forward(self, h_BSD: torch.Tensor, depth_BS: torch.Tensor, mem: VisualMemory) -> Correction:
-        """Eq. 8-9 at every state whose depth <= correction_depth; others pass through unchanged."""
-        on_BS = depth_BS <= self.cfg.correction_depth
+    def forward(self, h_BSD: torch.Tensor, depth_BS: torch.Tensor, mem: VisualMemory,
+                correction_depth: int | None = None) -> Correction:
+        """Eq. 8-9 at every state whose depth <= correction_depth (default: the config's); others
+        pass through unchanged."""
+        on_BS = depth_BS <= (self.cfg.correction_depth if correction_depth is None else correction_depth)
         if not bool(on_BS.any()):
             return Correction(h_BSD, torch.zeros_like(depth_BS), torch.ones_like(h_BSD[..., 0]))
         r_BSD, k_BS = self.readout(h_BSD, depth_BS, mem)

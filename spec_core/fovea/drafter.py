@@ -155,11 +155,13 @@ class FoveaDrafter(nn.Module):
             return None
         return self.correction.memory(visual_BPD.to(self.fc.weight.dtype), valid_BP)
 
-    def correct(self, h_BSD: torch.Tensor, depth_BS: torch.Tensor, mem: VisualMemory | None) -> Correction:
-        """The state the LM head scores (corrected at shallow depths)."""
+    def correct(self, h_BSD: torch.Tensor, depth_BS: torch.Tensor, mem: VisualMemory | None,
+                correction_depth: int | None = None) -> Correction:
+        """The state the LM head scores (corrected at depths <= correction_depth; None: the
+        trained config's)."""
         if self.correction is None or mem is None:
             return Correction(h_BSD, torch.zeros_like(depth_BS), torch.ones_like(h_BSD[..., 0]))
-        return self.correction(h_BSD, depth_BS, mem)
+        return self.correction(h_BSD, depth_BS, mem, correction_depth)
 
     def logits(self, hidden_BSD: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_BSD.to(self.lm_head.weight.dtype))

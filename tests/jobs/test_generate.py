@@ -58,7 +58,8 @@ def _cfg(root: Path, out: Path, **extra) -> GenerateConfig:
             "data": {"manifest": str(root / "eval"), "shard_size": 4, "max_length": 200},
             "target": {"path": str(root / "target")}, "generation": {"max_new_tokens": MAX_NEW},
             "compute": {"num_actors": 2, "batch_sizes": [1, 3]},
-            "methods": {"ar": {"kind": "ar"}, "fovea": {"drafter": str(root / "drafter"), "tree": {"budget": 12}},
+            "methods": {"ar": {"kind": "ar"}, "fovea": {"drafter": str(root / "drafter"), "tree": {"budget": 12},
+                                                      "correction_depth": 6},
                         "control": {"drafter": str(root / "drafter_nc"),
                                     "tree": {"width": 3, "depth": 4, "budget": 8}}},
             "compare": ["ar", "fovea", "control"]}

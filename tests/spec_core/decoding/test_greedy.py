@@ -30,6 +30,8 @@ def test_speculative_and_ar_equal_hf_generate_on_the_tiny_world(tiny_world):
         spec = speculative_generate(adapter.model, drafter, inputs, 40)
         assert spec.sequences[0].tolist() == ref, s["id"]
         assert ar_generate(adapter.model, inputs, 40).sequences[0].tolist() == ref, s["id"]
+        for scoring in ({"correction_depth": 6}, {"visual_correction": False}):  # other draft scorings
+            assert speculative_generate(adapter.model, drafter, inputs, 40, **scoring).sequences[0].tolist() == ref
         assert sum(spec.accept_lengths) + 1 == len(ref)  # the first token comes from the prefill
         accepts += spec.accept_lengths
         eos_inside += ref[-1] in eos and spec.accept_lengths[-1] > 1

@@ -60,6 +60,10 @@ def test_deep_states_pass_through_and_switches():
     deep = depth > 0
     assert torch.equal(out.hidden_BSD[deep], h[deep]) and (out.k_BS[deep] == 0).all()
     assert not torch.allclose(out.hidden_BSD[~deep], h[~deep])
+    deeper = m(h, depth, m.memory(visual, valid), correction_depth=2)  # an inference-time override
+    trained = module(correction_depth=2)
+    torch.testing.assert_close(deeper.hidden_BSD, trained(h, depth, trained.memory(visual, valid)).hidden_BSD)
+    assert torch.equal(deeper.hidden_BSD[depth > 2], h[depth > 2])
     no_gate = module(gate=False)
     assert (no_gate(h, depth, no_gate.memory(visual, valid)).gate_BS == 1).all()
     flat = module(depth_embedding=False, correction_depth=5)
