@@ -189,8 +189,11 @@ def main(cfg: GenerateConfig) -> dict:
     with rec.stage("generate") as st:
         if pending:
             n_actors = min(cfg.compute.num_actors, len(pending))
+            # an actor whose node is lost is restarted elsewhere and its call retried (shards are
+            # committed once: a retry of a committed shard returns its marker)
             Actor = ray.remote(GenerateWorker).options(num_gpus=cfg.compute.num_gpus_per_actor,
-                                                       num_cpus=cfg.compute.num_cpus_per_actor)
+                                                       num_cpus=cfg.compute.num_cpus_per_actor,
+                                                       max_restarts=3, max_task_retries=3, scheduling_strategy="SPREAD")
             actors = [Actor.remote(
                 local(cfg.target.path), {**ident, "target_path": cfg.target.path}, plans, cfg.storage, root,
                 dtype=cfg.target.dtype, max_length=cfg.data.max_length, max_new_tokens=gen.max_new_tokens,

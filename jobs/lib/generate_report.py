@@ -10,9 +10,11 @@ of actor time, summed over shards, so it is per actor.
 from __future__ import annotations
 
 import io
+import threading
 from collections import defaultdict
 
 ALL = "all"
+_PLOT_LOCK = threading.Lock()  # matplotlib (its text parser) is not thread-safe: jobs may run in threads
 
 
 def _key(r: dict) -> tuple[str, int]:
@@ -99,6 +101,11 @@ def memory_table(records: list[dict], methods: list[str], baseline: str) -> dict
 
 def latency_cdf_png(metrics: list[dict], methods: list[str]) -> bytes:
     """Per-sample latency (all turns) CDF per method, as PNG bytes."""
+    with _PLOT_LOCK:
+        return _latency_cdf_png(metrics, methods)
+
+
+def _latency_cdf_png(metrics: list[dict], methods: list[str]) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")

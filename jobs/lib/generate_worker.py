@@ -16,8 +16,6 @@ warmed up on their first use with a request that is not timed.
 from __future__ import annotations
 
 import io
-import os
-import socket
 import time
 import zlib
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jobs.lib.ray_setup import where_am_i
 from jobs.lib.storage import Storage, StorageConfig
 
 RESPONSES_SCHEMA = pa.schema([
@@ -230,7 +229,13 @@ class GenerateWorker:
         return samples, rejects
 
     def __call__(self, item: dict) -> dict:
-        from jobs.lib.artifact_store import commit_shard
+        import json
+
+        from jobs.lib.artifact_store import commit_shard, marker_uri
+
+        marker = marker_uri(self.out, int(item["shard"]))
+        if self.store.exists(marker):  # a retry of a call whose actor died after the commit
+            return json.loads(self.store.read_text(marker))
 
         t0 = time.perf_counter()
         phases0 = {k: dict(e.phase_s) for k, e in self.engines.items()}
@@ -258,6 +263,6 @@ class GenerateWorker:
                 throughput[name][str(batch)]["phases"] = {p: v - before.get(p, 0.0) for p, v in engine.phase_s.items()}
         record = {"samples": len(samples), "rejects": len(out["rejects"]), "throughput": throughput,
                   "state_bytes": dict(self.peak_state), "gpu_peak_bytes": dict(self.gpu_peak),
-                  "busy_seconds": time.perf_counter() - t0, "actor": f"{socket.gethostname()}:{os.getpid()}",
+                  "busy_seconds": time.perf_counter() - t0, **where_am_i(),
                   "finished_unix": time.time()}
         return commit_shard(self.store, self.out, int(item["shard"]), out, self.metadata, record, KINDS)

@@ -10,15 +10,14 @@ the unit of commit and of resume.
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import resource
-import socket
 import time
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from jobs.lib.ray_setup import where_am_i
 from jobs.lib.storage import Storage, StorageConfig
 
 
@@ -223,7 +222,7 @@ class TargetStage:
             rec = commit_shard(self.store, self.root, int(batch["shard"][i]), tables, self.metadata, {
                 "samples": len(rows), "rejects": len(data["rejects"]), "naive_bytes": naive, "tokens": tokens,
                 "reject_reasons": [r["reason"] for r in data["rejects"]], "busy_seconds": busy,
-                "encode_seconds": float(batch["encode_seconds"][i]), "actor": f"{socket.gethostname()}:{os.getpid()}",
+                "encode_seconds": float(batch["encode_seconds"][i]), **where_am_i(),
                 "generate_seconds": t_gen, "truncated_answers": truncated,
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "peak_private_mb": self.peak_private_mb,

@@ -18,6 +18,17 @@ class RayConfig(Strict):
     log_to_driver: bool = True
 
 
+def where_am_i() -> dict:
+    """The host, process and (inside Ray) node id of the caller: recorded with each unit of work,
+    so a run shows how its work spread over a cluster."""
+    import socket
+
+    import ray
+
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    return {"actor": f"{socket.gethostname()}:{os.getpid()}", "node": node}
+
+
 def init_ray(cfg: RayConfig) -> dict:
     """Start or join Ray once per process; returns {'mode': 'joined'|'local', 'resources': {...}}."""
     import ray

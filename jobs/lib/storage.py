@@ -119,6 +119,31 @@ class Storage:
         else:
             fs.pipe_file(path, data)  # one PUT: atomic on S3
 
+    def create_exclusive(self, uri: str, data: bytes) -> bool:
+        """Create an object only if none exists there, atomically: True if this call created it,
+        False if it existed. Locally: a complete temp file hard-linked into place (link fails on
+        an existing name); on S3: a PUT with If-None-Match: * (a 412 means it existed)."""
+        fs, path = self.fs(uri)
+        if scheme_of(uri) == "file":
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        try:
+            fs.pipe_file(path, data, IfNoneMatch="*")
+            return True
+        except FileExistsError:
+            return False
+
     def write_text(self, uri: str, text: str) -> None:
         self.write_bytes(uri, text.encode())
 

@@ -132,3 +132,27 @@ def test_no_secret_values_in_any_file(path):
     text = path.read_text()
     assert "AKIA" not in text  # an access key id
     assert not re.search(r"(?i)aws_secret_access_key\s*[:=]\s*\S", text)  # a value, not a mention
+
+
+def test_schedules_run_the_batch_scheduler():
+    crons = by_kind("RayCronJob")
+    assert crons
+    for p, d in crons:
+        assert "feature gate" in p.read_text()  # alpha: the file says what it needs
+        spec = d["spec"]
+        assert len(spec["schedule"].split()) == 5, p
+        tmpl = spec["jobTemplate"]
+        assert _check_entrypoint(tmpl["entrypoint"], p) == "run_batches"
+        _check_runtime_env(tmpl["runtimeEnvYAML"], p)
+        _check_ray_cluster_spec(tmpl["rayClusterSpec"], p)
+    plain = by_kind("CronJob")
+    assert plain
+    for p, d in plain:
+        assert len(d["spec"]["schedule"].split()) == 5, p
+        (c,) = containers(d["spec"]["jobTemplate"]["spec"]["template"])
+        argv = c["command"]
+        assert argv[:3] == ["ray", "job", "submit"] and "--" in argv, p
+        assert any(a.startswith("--address=http://") for a in argv), p
+        runtime = next(a.split("=", 1)[1] for a in argv if a.startswith("--runtime-env-json="))
+        _check_runtime_env(runtime, p)
+        assert _check_entrypoint(shlex.join(argv[argv.index("--") + 1:]), p) == "run_batches"
