@@ -78,6 +78,17 @@ def _s3_kwargs(cfg: StorageConfig) -> dict:
     return kwargs
 
 
+def _temp_beside(path: str, data: bytes) -> str:
+    """A complete, synced temp file next to `path` (then renamed or linked into place)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
+
+
 class Storage:
     """Read, write and list objects by URI; writes are atomic (temp + rename locally)."""
 
@@ -109,13 +120,7 @@ class Storage:
         """Write an object atomically: readers see the old object or the whole new one."""
         fs, path = self.fs(uri)
         if scheme_of(uri) == "file":
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            os.replace(_temp_beside(path, data), path)
         else:
             fs.pipe_file(path, data)  # one PUT: atomic on S3
 
@@ -125,12 +130,7 @@ class Storage:
         an existing name); on S3: a PUT with If-None-Match: * (a 412 means it existed)."""
         fs, path = self.fs(uri)
         if scheme_of(uri) == "file":
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            tmp = _temp_beside(path, data)
             try:
                 os.link(tmp, path)
                 return True
