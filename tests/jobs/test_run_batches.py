@@ -24,6 +24,7 @@ from spec_core.reference.tasks import make_split
 from spec_core.reference.vlm.build import build_target
 
 REPO = Path(__file__).resolve().parents[2]
+N_KILL = 48  # samples (one per shard) of the batch that is killed
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +32,10 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("rb")
     train = [s for t in ("general_vqa", "captioning") for s in make_split(t, 4, 0, "train")]
     build_target("tiny", str(root / "target"), samples=train)
-    evals = make_split("general_vqa", 6, 0, "eval")
-    rows = [{"id": s["id"], "source": "ref", "split": "eval", "task": s["task"], "image_uri": None,
+    evals = make_split("captioning", 12, 0, "eval")
+    rows = [{"id": f"{s['id']}-{k}", "source": "ref", "split": "eval", "task": s["task"], "image_uri": None,
              "image_bytes": s["image_png"], "image_sha256": s["image_sha256"], "conversation": s["conversation"]}
-            for s in evals]
+            for k in range(N_KILL // len(evals)) for s in evals]  # many 1-sample shards: killed part-way
     pq.write_table(pa.Table.from_pylist(rows), root / "eval.parquet")
     return root
 
@@ -77,7 +78,7 @@ def test_two_schedulers_run_each_batch_exactly_once(world, ray_local, s3_bucket)
 
 def test_a_scheduler_killed_mid_batch_is_finished_by_the_next_run(world, tmp_path):
     queue, out = tmp_path / "queue", tmp_path / "out"
-    Storage().write_text(str(queue / "pending" / "nightly.yaml"), request(world, limit=6, max_new=24))
+    Storage().write_text(str(queue / "pending" / "nightly.yaml"), request(world, limit=N_KILL, max_new=48))
     args = [sys.executable, str(REPO / "jobs/run_batches.py"), "--config", str(REPO / "manifests/jobs/run_batches.yaml"),
             "--set", f"queue.uri={queue}", "--set", f"run.output_uri={out}", "--set", "queue.lease_seconds=2",
             "--set", "ray.num_cpus=2"]
@@ -90,13 +91,13 @@ def test_a_scheduler_killed_mid_batch_is_finished_by_the_next_run(world, tmp_pat
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = {p.name: p.read_bytes() for p in markers.glob("*.json")}
-    assert 1 <= len(before) < 6, "killed part-way"
+    assert 1 <= len(before) < N_KILL, "killed part-way"
     assert (queue / "pending" / "nightly.yaml").exists() and not (queue / "done").exists()
     time.sleep(2.1)  # the dead scheduler's lease expires
     m = main(_cfg(str(queue), str(out), lease=2))
     assert m["figures"]["batches"] == ["nightly: done"]
     rec = json.loads((queue / "done" / "nightly.json").read_text())
-    assert rec["attempt"] == 2 and rec["counts"]["samples"] == 6
+    assert rec["attempt"] == 2 and rec["counts"]["samples"] == N_KILL
     assert {p.name: p.read_bytes() for p in markers.glob("*.json") if p.name in before} == before  # not redone
     gen = json.loads((out / "generate" / "nightly" / "metrics.json").read_text())
-    assert gen["stages"]["generate"]["items"] == 6 - len(before)
+    assert gen["stages"]["generate"]["items"] == N_KILL - len(before)
