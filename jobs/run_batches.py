@@ -18,7 +18,6 @@ RayCronJob runs this job on a schedule (cluster/kuberay/).
 
 from __future__ import annotations
 
-import importlib
 import socket
 import sys
 import time
@@ -33,12 +32,12 @@ from pydantic import Field  # noqa: E402
 
 from jobs.lib.batch_queue import BatchQueue, Renewer  # noqa: E402
 from jobs.lib.config import ConfigError, Strict, apply_override, build_config, cli, load_yaml, parse_override  # noqa: E402
-from jobs.lib.job import JobConfig  # noqa: E402
+from jobs.lib.job import JobConfig, job_entry  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
 from jobs.lib.storage import Storage  # noqa: E402
 
-BATCH_JOBS = {"generate": ("jobs.generate", "GenerateConfig")}  # generate_images joins with its job
+BATCH_JOBS = ("generate",)  # jobs a request may name; generate_images joins with its job
 
 
 class QueueSection(Strict):
@@ -58,8 +57,7 @@ def batch_config(request: dict, batch: str, defaults: JobConfig) -> tuple[str, J
     job = request.get("job")
     if job not in BATCH_JOBS:
         raise ConfigError(f"config error: batch {batch}: job {job!r} is not one of {sorted(BATCH_JOBS)}")
-    module, cls_name = BATCH_JOBS[job]
-    cls = getattr(importlib.import_module(module), cls_name)
+    cls, _ = job_entry(job)
     data = load_yaml(request["config_file"]) if request.get("config_file") else {}
     # the scheduler's storage, Ray and output place; the request's own set / config win over them
     data.update(storage=defaults.storage.model_dump(), ray=defaults.ray.model_dump())
@@ -84,7 +82,7 @@ def run_one(queue: BatchQueue, batch: str, defaults: JobConfig) -> dict | None:
         request = yaml.safe_load(queue.request(batch)) or {}
         job, cfg = batch_config(request, batch, defaults)
         record.update(job=job, run_dir=cfg.run_dir(job))
-        main = importlib.import_module(BATCH_JOBS[job][0]).main
+        _, main = job_entry(job)
         with Renewer(queue, lease) as renewer:
             m = main(cfg)
         if renewer.error is not None:

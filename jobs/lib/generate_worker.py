@@ -170,7 +170,7 @@ class GenerateWorker:
                 self.gpu_peak[method.name] = max(self.gpu_peak.get(method.name, 0), torch.cuda.max_memory_allocated())
             self.peak_state[method.name] = max(self.peak_state.get(method.name, 0), engine.state_bytes())
             answer = res.sequences[0].tolist()
-            prompts.append({"key": (sample["id"], turn), "ids": prompt, "images": sample["images"], "answer": answer})
+            prompts.append({"key": (sample["id"], turn), "inputs": inputs, "answer": answer})
             self._record(out, sample, method, turn, prompt, res)
             ids, mask, _ = splice_answer(ids, mask, span, answer, self.eos)
         return prompts
@@ -197,7 +197,7 @@ class GenerateWorker:
 
         if not prompts:
             return {"tokens": 0, "seconds": 0.0, "mismatches": 0}
-        requests = [Request(self._inputs(p["ids"], p["images"]), self.max_new, p["key"]) for p in prompts]
+        requests = [Request(p["inputs"], self.max_new, p["key"]) for p in prompts]
         engine = self._engine(method, batch, requests[0].inputs)
         engine.gen.manual_seed(self.seed)
         t0 = time.perf_counter()

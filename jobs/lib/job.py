@@ -32,3 +32,13 @@ class JobConfig(Strict):
 
     def run_dir(self, job: str) -> str:
         return run_dir(self.run.output_uri, job, self.resolved_run_id())
+
+
+def job_entry(job: str):
+    """(config class, main) of `jobs/<job>.py`: its one JobConfig subclass and its main()."""
+    import importlib
+
+    module = importlib.import_module(f"jobs.{job}")
+    (cls,) = {v for v in vars(module).values() if isinstance(v, type) and issubclass(v, JobConfig)
+              and v is not JobConfig and v.__module__ == module.__name__}
+    return cls, module.main

@@ -4,7 +4,6 @@ job with an existing config that validates (overrides included)."""
 
 from __future__ import annotations
 
-import importlib
 import re
 import shlex
 from pathlib import Path
@@ -14,7 +13,7 @@ import ray
 import yaml
 
 from jobs.lib.config import load_config
-from jobs.lib.job import JobConfig
+from jobs.lib.job import job_entry
 from tests.conftest import REPO
 
 CLUSTER = Path(REPO) / "cluster"
@@ -32,13 +31,6 @@ def by_kind(kind: str) -> list[tuple[Path, dict]]:
 
 def containers(pod_template: dict) -> list[dict]:
     return pod_template["spec"]["containers"]
-
-
-def job_config_class(job: str) -> type[JobConfig]:
-    module = importlib.import_module(f"jobs.{job}")
-    (cls,) = {v for v in vars(module).values() if isinstance(v, type) and issubclass(v, JobConfig)
-              and v is not JobConfig and v.__module__ == module.__name__}
-    return cls
 
 
 def test_every_yaml_parses_and_is_a_known_kind():
@@ -105,7 +97,7 @@ def _check_entrypoint(entrypoint: str, where: Path) -> str:
     config = argv[argv.index("--config") + 1]
     assert (Path(REPO) / config).is_file(), where
     overrides = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
-    load_config(job_config_class(job), Path(REPO) / config, overrides)  # validates, or raises ConfigError
+    load_config(job_entry(job)[0], Path(REPO) / config, overrides)  # validates, or raises ConfigError
     return job
 
 

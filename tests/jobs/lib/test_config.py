@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from jobs.lib.config import ConfigError, Strict, apply_override, config_hash, load_config, parse_override
-from jobs.lib.job import JobConfig
+from jobs.lib.job import JobConfig, job_entry
 from tests.conftest import REPO
 
 
@@ -96,9 +96,5 @@ def test_job_cli_exits_2_on_typo(tmp_path, job):
 @pytest.mark.parametrize("job", JOBS)
 def test_the_jobs_shipped_yaml_validates(job):
     """manifests/jobs/<job>.yaml loads into the job's own config class (the docs run these)."""
-    import importlib
-
-    module = importlib.import_module(f"jobs.{job}")
-    (model,) = {v for v in vars(module).values()
-                if isinstance(v, type) and issubclass(v, JobConfig) and v is not JobConfig and v.__module__ == module.__name__}
+    model, _ = job_entry(job)
     load_config(model, Path(REPO) / "manifests" / "jobs" / f"{job}.yaml")
