@@ -102,6 +102,14 @@ class RaggedCache(Cache):
                 layer.keys[rows_B1, :, dst_BA] = layer.keys[rows_B1, :, src_BA]
                 layer.values[rows_B1, :, dst_BA] = layer.values[rows_B1, :, src_BA]
 
+    def select_rows(self, rows_R: torch.Tensor) -> None:
+        """Keep only rows `rows_R`, in that order (e.g. drop finished samples from a batch)."""
+        for layer in self.layers:
+            layer.batch = len(rows_R)
+            if layer.is_initialized:
+                layer.keys, layer.values = layer.keys[rows_R], layer.values[rows_R]
+        self.batch = len(rows_R)
+
     def nbytes(self) -> int:
         """Bytes held by the allocated buffers (fixed once allocated)."""
         return sum(t.numel() * t.element_size() for layer in self.layers if layer.is_initialized

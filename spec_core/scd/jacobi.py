@@ -1,0 +1,312 @@
+"""Speculative Jacobi Decoding with coupled draft re-sampling (SJD / SCD), batched.
+
+One forward per iteration holds, per sample, the last committed token and J = L - 1 drafts; output
+row i is the verified distribution p_i for new position n + i (n committed so far). Drafts are
+verified by modified rejection sampling against the distribution q_i they were drawn from; the
+first rejection is replaced by a residual draw, or all pass and row J gives a bonus token, so every
+iteration commits accepted + 1 tokens. The KV of the committed window slots is kept (a per-row
+length in a RaggedCache, so each sample advances by its own count) and the rest is scratch.
+
+Drafts for the next iteration (positions beyond the commit) are re-sampled from this iteration's
+rows: independently (SJD), by the MRS step itself (maximal coupling: Alg. 6), or by argmax(log p +
+g) with g keyed on the absolute position (Gumbel coupling: Alg. 7). Positions no row reached start
+as uniform random ids with a one-hot q, which MRS verifies exactly (accept with p(x), else draw
+from p without x). Structural positions (end-of-line, end-of-image) are one-hot in p and q.
+
+Every random draw is keyed on (seed, sample key, absolute position, iteration, stream), so a
+sample's output does not depend on its batch (see noise.py).
+
+Distributions live on the pool: the allowed ids plus the forced ones (all of V when nothing is
+masked). The LM head is evaluated on those rows only and every per-id tensor is P wide, which for
+a large text+image vocabulary (Emu3, Chameleon) is a fraction of V. Tokens are pool indices inside
+the loop and real ids outside it.
+
+Shapes: B samples, G rows (2B with CFG: conditional then unconditional), T prompt, S = L window
+slots, J = L - 1 drafts, P pool ids, N new tokens, K keys read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from spec_core.decoding.cache import RaggedCache
+from spec_core.decoding.tree import prefix_and_new_mask
+from spec_core.scd import noise
+from spec_core.scd.adapters.base import ImageLayout, VisualLM
+from spec_core.scd.config import ScdConfig
+from spec_core.scd.coupling import gumbel_argmax, mrs, sample_inverse_cdf
+from spec_core.scd.processing import entropy_nats, processed_probs
+
+
+@dataclass
+class ScdResult:
+    """Per sample: new tokens (forced ones included), NFE (forwards incl. prefill, a CFG pair is
+    one), committed tokens per iteration, mean entropy of the verified distributions at the free
+    committed positions; and timings of the whole batch."""
+
+    tokens_BN: torch.Tensor
+    nfe_B: torch.Tensor
+    committed: list[list[int]]
+    entropy_B: torch.Tensor
+    prefill_s: float = 0.0
+    loop_s: float = 0.0
+    peak_bytes: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class _State:
+    """The active samples' decoding state (rows are dropped as samples finish): sample index,
+    committed count n, cache length per row, tokens (pool indices), drafts and their recorded
+    distributions q, and (Gumbel coupling) the noise of each draft position."""
+
+    def __init__(self, idx_B, n_B, len_G, tokens_BN):
+        self.idx_B, self.n_B, self.len_G, self.tokens_BN = idx_B, n_B, len_G, tokens_BN
+        self.drafts_BJ = self.q_BJP = self.g_BJP = None
+
+    def select(self, keep_B: torch.Tensor, rows_G: torch.Tensor) -> None:
+        self.idx_B, self.n_B, self.len_G = self.idx_B[keep_B], self.n_B[keep_B], self.len_G[rows_G]
+        self.tokens_BN, self.drafts_BJ, self.q_BJP = (self.tokens_BN[keep_B], self.drafts_BJ[keep_B],
+                                                      self.q_BJP[keep_B])
+        if self.g_BJP is not None:
+            self.g_BJP = self.g_BJP[keep_B]
+
+
+class JacobiDecoder:
+    """Decode a batch of prompts into `layout.length` new tokens each with SJD / SCD."""
+
+    def __init__(self, lm: VisualLM, layout: ImageLayout, cfg: ScdConfig):
+        self.lm, self.layout, self.cfg = lm, layout, cfg
+        self.N, self.L = layout.length, cfg.window
+        self.J = self.L - 1
+        forced_N = layout.forced_N.long()
+        if layout.allowed_V is None:  # the whole vocabulary: pool index = id
+            self.pool_P, self.allowed_P, self.forced_N = None, None, forced_N
+        else:
+            allowed = layout.allowed_V.bool()
+            ids = set(allowed.nonzero().squeeze(-1).tolist()) | set(forced_N[forced_N >= 0].tolist())
+            self.pool_P = torch.tensor(sorted(ids), dtype=torch.long)
+            lut = torch.full((max(len(allowed), int(self.pool_P.max()) + 1),), -1, dtype=torch.long)
+            lut[self.pool_P] = torch.arange(len(self.pool_P))
+            self.allowed_P = torch.zeros(len(self.pool_P), dtype=torch.bool)
+            inside = self.pool_P < len(allowed)
+            self.allowed_P[inside] = allowed[self.pool_P[inside]]
+            self.forced_N = torch.where(forced_N >= 0, lut[forced_N.clamp_min(0)], -1)
+
+    def _real(self, ids: torch.Tensor) -> torch.Tensor:
+        """Pool indices -> vocabulary ids."""
+        return ids if self.pool_P is None else self.pool_P.to(ids.device)[ids]
+
+    # --- distributions and noise --------------------------------------------------------------
+    def _probs(self, logits_GXP: torch.Tensor, pos_BX: torch.Tensor) -> torch.Tensor:
+        """Pool logits of the G rows -> verified p (B, X, P) at new positions pos_BX."""
+        B = pos_BX.shape[0]
+        c = self.cfg
+        allowed = None if self.allowed_P is None else self.allowed_P.to(self.device)
+        p = processed_probs(logits_GXP[:B], logits_GXP[B:] if c.cfg else None, c.cfg_scale,
+                            c.temperature, c.top_k, c.top_p, allowed)
+        forced_BX = self._forced(pos_BX)
+        hot = forced_BX >= 0
+        if bool(hot.any()):
+            one = torch.zeros_like(p).scatter_(-1, forced_BX.clamp_min(0)[..., None], 1.0)
+            p = torch.where(hot[..., None], one, p)
+        return p
+
+    def _forced(self, pos_BX: torch.Tensor) -> torch.Tensor:
+        """Forced pool index at each new position (-1: free; positions past the end are free)."""
+        f = self.forced_N.to(pos_BX.device)
+        inside = pos_BX < self.N
+        return torch.where(inside, f[pos_BX.clamp(max=self.N - 1)], torch.full_like(pos_BX, -1))
+
+    def _u(self, stream: int, pos_BX: torch.Tensor, it: int) -> torch.Tensor:
+        return noise.uniform(self.seed, self.keys_B[self.st.idx_B][:, None], pos_BX, it, stream)
+
+    def _gumbel(self, pos_BX: torch.Tensor) -> torch.Tensor:
+        """Gumbel noise (B, X, P) per (sample, absolute position, vocabulary id): the same on
+        every iteration, computed once per position (the state keeps it while it is a draft)."""
+        h_BX = noise.hash_keys(self.seed, self.keys_B[self.st.idx_B][:, None], pos_BX, noise.GUMBEL)
+        ids_P = self._real(torch.arange(self.P, device=pos_BX.device))
+        return noise.gumbel(h_BX[..., None], ids_P)
+
+    def _fresh(self, pos_BX: torch.Tensor, it: int) -> torch.Tensor:
+        """Uniform random allowed ids (forced ids where forced) for never-drafted positions."""
+        dev = pos_BX.device
+        pool_A = (torch.arange(self.P, device=dev) if self.allowed_P is None
+                  else self.allowed_P.to(dev).nonzero().squeeze(-1))
+        u = self._u(noise.FRESH, pos_BX, it)
+        ids = pool_A[(u * len(pool_A)).long().clamp(max=len(pool_A) - 1)]
+        forced = self._forced(pos_BX)
+        return torch.where(forced >= 0, forced, ids)
+
+    # --- forwards --------------------------------------------------------------------------
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-sample tensor -> per-row (CFG rows repeat the samples)."""
+        return torch.cat([x, x]) if self.cfg.cfg else x
+
+    def _logits(self, embeds, pos, attend) -> torch.Tensor:
+        pool = None if self.pool_P is None else self.pool_P.to(self.device)
+        return self.lm.logits(embeds, pos, attend, self.cache, vocab_P=pool)
+
+    @torch.no_grad()
+    def _prefill(self, prompts_G: list[list[int]]) -> torch.Tensor:
+        """All prompts in one forward, row g at slots [0, T_g); -> last-position logits (G, P)."""
+        dev = self.device
+        T_G = torch.tensor([len(p) for p in prompts_G], device=dev)
+        T = int(T_G.max())
+        ids_GT = torch.zeros(len(prompts_G), T, dtype=torch.long, device=dev)
+        for g, p in enumerate(prompts_G):
+            ids_GT[g, :len(p)] = torch.tensor(p, dtype=torch.long)
+        pos_GT = torch.arange(T, device=dev).expand(len(prompts_G), T)
+        # causal, and only real prompt keys (padding queries past T_g are scratch)
+        attend_GTT = torch.ones(T, T, dtype=torch.bool, device=dev).tril()[None] & (pos_GT < T_G[:, None])[:, None, :]
+        self.cache.plan(pos_GT, T)
+        logits = self._logits(self.lm.embed_prompt(ids_GT), pos_GT, attend_GTT)
+        return logits[torch.arange(len(prompts_G), device=dev), T_G - 1]
+
+    @torch.no_grad()
+    def _window(self) -> torch.Tensor:
+        """Forward [last committed, drafts] of every active sample -> logits (G, S, P)."""
+        st, dev, S = self.st, self.device, self.L
+        B = len(st.idx_B)
+        last_B = st.tokens_BN[torch.arange(B, device=dev), st.n_B - 1]
+        ids_BS = torch.cat([last_B[:, None], st.drafts_BJ], 1)
+        slots_GS = st.len_G[:, None] + torch.arange(S, device=dev)
+        kv_len = int(st.len_G.max()) + S
+        causal = torch.ones(S, S, dtype=torch.bool, device=dev).tril()
+        attend = prefix_and_new_mask(st.len_G, causal.expand(len(st.len_G), S, S), kv_len)
+        self.cache.plan(slots_GS, kv_len)
+        embeds = self.lm.embed_sampled(self._real(self._rows(ids_BS)))
+        # cache slots are positions: every row's prompt starts at slot 0 and nothing is padded
+        return self._logits(embeds, slots_GS, attend)
+
+    # --- the loop ------------------------------------------------------------------------
+    @torch.no_grad()
+    def run(self, prompts: list[list[int]], uncond_prompts: list[list[int]] | None = None,
+            seed: int = 0, sample_keys: list[int] | None = None) -> ScdResult:
+        """Decode every prompt (one sample each); `sample_keys` name the samples' noise streams
+        (default 0..B-1); with CFG, `uncond_prompts` are the unconditional prefixes."""
+        cfg, N, J = self.cfg, self.N, self.J
+        B = len(prompts)
+        if cfg.cfg and (uncond_prompts is None or len(uncond_prompts) != B):
+            raise ValueError("cfg_scale != 1 needs one unconditional prompt per prompt")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self.device = dev = self.lm.device
+        self.seed = seed
+        self.keys_B = torch.tensor(sample_keys if sample_keys is not None else range(B), device=dev)
+        rows = prompts + (uncond_prompts if cfg.cfg else [])
+        T_G = torch.tensor([len(r) for r in rows], device=dev)
+        self.cache = RaggedCache(len(rows), int(T_G.max()) + N + self.L + 1, self.lm.num_layers)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        t0 = time.perf_counter()
+
+        self.st = st = _State(torch.arange(B, device=dev), torch.ones(B, dtype=torch.long, device=dev),
+                              T_G.clone(), torch.zeros(B, N + self.L, dtype=torch.long, device=dev))
+        pos0_B1 = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        p0_BP = self._probs(self._prefill(rows)[:, None], pos0_B1)[:, 0]
+        self.P = p0_BP.shape[-1]
+        st.tokens_BN[:, 0] = sample_inverse_cdf(p0_BP, self._u(noise.RESIDUAL, pos0_B1, 0)[:, 0])
+        free0 = self._forced(pos0_B1)[:, 0] < 0
+        ent_sum_B, ent_cnt_B = torch.where(free0, entropy_nats(p0_BP), 0.0), free0.long()
+        nfe_B = torch.ones(B, dtype=torch.long)
+        committed: list[list[int]] = [[1] for _ in range(B)]
+        out_BN = torch.zeros(B, N, dtype=torch.long)
+        out_ent, out_cnt = torch.zeros(B), torch.zeros(B, dtype=torch.long)
+        pos_BJ = 1 + torch.arange(J, device=dev).expand(B, J)
+        st.drafts_BJ = self._fresh(pos_BJ, 0)
+        st.q_BJP = torch.zeros(B, J, self.P, device=dev).scatter_(-1, st.drafts_BJ[..., None], 1.0)
+        if cfg.coupling == "gs":
+            st.g_BJP = self._gumbel(pos_BJ)
+        prefill_s = time.perf_counter() - t0
+        it = 0
+        while True:
+            done = (st.n_B >= N).nonzero().squeeze(-1)
+            for b in done.tolist():  # retire finished samples
+                i = int(st.idx_B[b])
+                out_BN[i] = self._real(st.tokens_BN[b, :N]).cpu()
+                out_ent[i], out_cnt[i] = float(ent_sum_B[b]), int(ent_cnt_B[b])
+            if len(done):
+                keep = (st.n_B < N).nonzero().squeeze(-1)
+                if len(keep) == 0:
+                    break
+                rows_G = torch.cat([keep, keep + len(st.idx_B)]) if cfg.cfg else keep
+                self.cache.select_rows(rows_G)
+                st.select(keep, rows_G)
+                ent_sum_B, ent_cnt_B = ent_sum_B[keep], ent_cnt_B[keep]
+            it += 1
+            nfe_B[st.idx_B.cpu()] += 1
+            k_B, ent_B, cnt_B = self._iterate(it)
+            ent_sum_B, ent_cnt_B = ent_sum_B + ent_B, ent_cnt_B + cnt_B
+            for b, k in zip(st.idx_B.tolist(), k_B.tolist()):
+                committed[b].append(k)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        loop_s = time.perf_counter() - t0 - prefill_s
+        peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else self.cache.nbytes()
+        return ScdResult(out_BN, nfe_B, committed, out_ent / out_cnt.clamp_min(1), prefill_s, loop_s,
+                         int(peak))
+
+    def _iterate(self, it: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One forward, verification, commit and re-draft. Returns per active sample: committed
+        count, summed entropy and count of the free committed positions."""
+        st, dev, cfg, J, S, P = self.st, self.device, self.cfg, self.J, self.L, self.P
+        B = len(st.idx_B)
+        logits_GSP = self._window()
+        pos_BS = st.n_B[:, None] + torch.arange(S, device=dev)  # new position each row predicts
+        p_BSP = self._probs(logits_GSP, pos_BS)
+        u_acc, u_res = self._u(noise.ACCEPT, pos_BS, it), self._u(noise.RESIDUAL, pos_BS, it)
+        # MRS at every draft row (verification, and the maximal coupling of the re-draft);
+        # the last row has no draft: a plain draw from it (the bonus token, or a draft)
+        y = mrs(p_BSP[:, :J], st.q_BJP, st.drafts_BJ, u_acc[:, :J], u_res[:, :J])
+        last_B = sample_inverse_cdf(p_BSP[:, J], u_res[:, J])
+        y_BS = torch.cat([y.ids_R, last_B[:, None]], 1)
+        first_rej_B = y.accepted_R.long().cumprod(1).sum(1)  # leading accepts (J if all)
+        k_B = torch.minimum(first_rej_B + 1, self.N - st.n_B)  # accepted + 1, never past the end
+
+        # commit: rows [0, k) of y are the new tokens; the KV of window slots [0, k) is now valid.
+        # Rows past k are written too, as scratch: a later commit overwrites them before n passes.
+        st.tokens_BN.scatter_(1, st.n_B[:, None] + torch.arange(S, device=dev), y_BS)
+        kmax = int(k_B.max())
+        free_BK = (torch.arange(kmax, device=dev) < k_B[:, None]) & (self._forced(pos_BS[:, :kmax]) < 0)
+        ent_B = (entropy_nats(p_BSP[:, :kmax]) * free_BK).sum(1)
+        st.n_B = st.n_B + k_B
+        st.len_G = st.len_G + self._rows(k_B)
+
+        # re-draft positions n' + j: old row i = k + j if that row exists, else a fresh id
+        i_BJ = k_B[:, None] + torch.arange(J, device=dev)
+        has_BJ = i_BJ < S
+        gi = i_BJ.clamp(max=S - 1)
+        p_new_BJP = p_BSP.gather(1, gi[..., None].expand(B, J, P))
+        pos_new_BJ = st.n_B[:, None] + torch.arange(J, device=dev)
+        indep_BJ = sample_inverse_cdf(p_new_BJP, self._u(noise.DRAFT, pos_new_BJ, it))
+        if cfg.coupling == "mc":
+            coupled_BJ = y_BS.gather(1, gi)
+        elif cfg.coupling == "gs":
+            self._shift_gumbel(k_B, pos_new_BJ)
+            coupled_BJ = gumbel_argmax(p_new_BJP, st.g_BJP)
+        else:
+            coupled_BJ = indep_BJ
+        if cfg.coupling != "none" and cfg.alpha < 1.0:
+            coin_BJ = self._u(noise.COIN, pos_new_BJ, it) < cfg.alpha
+            coupled_BJ = torch.where(coin_BJ, coupled_BJ, indep_BJ)
+        fresh_BJ = self._fresh(pos_new_BJ, it)
+        st.drafts_BJ = torch.where(has_BJ, coupled_BJ, fresh_BJ)
+        one_BJP = torch.zeros_like(p_new_BJP).scatter_(-1, fresh_BJ[..., None], 1.0)
+        st.q_BJP = torch.where(has_BJ[..., None], p_new_BJP, one_BJP)
+        return k_B.cpu(), ent_B.cpu(), free_BK.sum(1).cpu()
+
+    def _shift_gumbel(self, k_B: torch.Tensor, pos_new_BJ: torch.Tensor) -> None:
+        """Draft slot j now holds position n' + j = (old slot j + k): move the kept noise down,
+        hash only the positions that entered the draft range."""
+        st, J = self.st, self.J
+        B, P = k_B.shape[0], self.P
+        src_BJ = k_B[:, None] + torch.arange(J, device=k_B.device)
+        shifted = st.g_BJP.gather(1, src_BJ.clamp(max=J - 1)[..., None].expand(B, J, P))
+        m = min(int(k_B.max()), J)
+        start = J - m  # every slot below start is kept by every row (j + k < J)
+        fresh = self._gumbel(pos_new_BJ[:, start:])
+        keep = (src_BJ[:, start:] < J)[..., None]
+        st.g_BJP = torch.cat([shifted[:, :start], torch.where(keep, shifted[:, start:], fresh)], 1)
