@@ -27,7 +27,7 @@ from pydantic import Field, model_validator  # noqa: E402
 
 from jobs.lib.artifact_store import committed_shards, read_kind  # noqa: E402
 from jobs.lib.config import Strict, cli  # noqa: E402
-from jobs.lib.job import JobConfig  # noqa: E402
+from jobs.lib.job import ActorPoolSection, JobConfig  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
 from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
@@ -80,10 +80,7 @@ class GenerationSection(Strict):
     seed: int = 0
 
 
-class ComputeSection(Strict):
-    num_actors: int = Field(1, ge=1, description="actor pool size (target replicas)")
-    num_gpus_per_actor: float = Field(0.0, ge=0)
-    num_cpus_per_actor: float = Field(1.0, gt=0)
+class ComputeSection(ActorPoolSection):
     batch_sizes: list[int] = Field([1, 4, 16], min_length=1, description="throughput is measured at each")
 
     @model_validator(mode="after")

@@ -25,7 +25,7 @@ from pydantic import Field  # noqa: E402
 
 from jobs.lib.artifact_store import ARTIFACT_VERSION, committed_shards  # noqa: E402
 from jobs.lib.config import Strict, cli  # noqa: E402
-from jobs.lib.job import JobConfig  # noqa: E402
+from jobs.lib.job import ActorPoolSection, JobConfig  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
 from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
@@ -50,10 +50,7 @@ class TargetSection(Strict):
     hidden_dtype: Literal["float16", "bfloat16"] = "float16"
 
 
-class ComputeSection(Strict):
-    num_actors: int = Field(1, ge=1, description="target replicas (actor pool size)")
-    num_gpus_per_actor: float = Field(0.0, ge=0)
-    num_cpus_per_actor: float = Field(1.0, gt=0)
+class ComputeSection(ActorPoolSection):
     batch_size: int = Field(8, ge=1, description="samples per target forward")
 
 

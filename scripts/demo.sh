@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job chain on the embedded default (local directories, a local Ray, the reference world).
+# The main job chains on the embedded default (local directories, a local Ray, the reference world).
 #   bash scripts/demo.sh            # full run
 #   QUICK=1 bash scripts/demo.sh    # a few minutes: the tiny world, fewer samples
 # Outputs go under $OUT (default runs/demo), the reference world under runs/reference/<size>;
@@ -23,12 +23,14 @@ if [ "$QUICK" = 1 ]; then
   PRECOMPUTE_LIMIT=null
   EPOCHS=2
   GEN_LIMIT=2             # evaluation samples per task
+  IMG_LIMIT=2             # image prompts and video prompts
 else
   WORLD=small
   DATA_SET=()
   PRECOMPUTE_LIMIT=1200   # of the 12,000 training samples: a few CPU minutes
   EPOCHS=3
   GEN_LIMIT=10
+  IMG_LIMIT=8
 fi
 REFERENCE="${REFERENCE:-runs/reference/$WORLD}"
 
@@ -60,6 +62,12 @@ $PY jobs/generate.py --config manifests/jobs/generate.yaml --set "run.output_uri
     --set "methods.fovea.drafter=$DRAFTER" --set "methods.fovea_cpu.drafter=$DRAFTER" \
     --set 'compare=[ar, fovea, fovea_cpu]' --set 'compute.batch_sizes=[1, 4]'
 echo "report: $OUT/generate/reference/report.md"
+
+step "generate_images: images and videos, SJD / SCD against AR (Ray actor pool)"
+$PY jobs/generate_images.py --config manifests/jobs/generate_images.yaml --set "run.output_uri=$OUT" \
+    --set run.run_id=reference --set "generator.path=$REFERENCE/generator" \
+    --set "data.limit_per_kind=$IMG_LIMIT" --set compute.num_actors=2
+echo "report: $OUT/generate_images/reference/report.md"
 
 step "summary"
 $PY scripts/demo_summary.py "$OUT" "$REFERENCE"

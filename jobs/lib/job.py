@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from jobs.lib.config import Strict, config_hash
 from jobs.lib.ray_setup import RayConfig
 from jobs.lib.storage import StorageConfig, run_dir
@@ -13,6 +15,15 @@ class RunSection(Strict):
 
     output_uri: str = "runs"
     run_id: str | None = None
+
+
+class ActorPoolSection(Strict):
+    """An actor pool: its size and each actor's resources (a GPU fraction shares a GPU). Jobs
+    subclass it as their `compute` section and add their batching fields."""
+
+    num_actors: int = Field(1, ge=1, description="actor pool size (model replicas)")
+    num_gpus_per_actor: float = Field(0.0, ge=0)
+    num_cpus_per_actor: float = Field(1.0, gt=0)
 
 
 class JobConfig(Strict):

@@ -28,7 +28,7 @@ slots, J = L - 1 drafts, P pool ids, N new tokens, K keys read.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -45,7 +45,8 @@ from spec_core.scd.processing import entropy_nats, processed_probs
 class ScdResult:
     """Per sample: new tokens (forced ones included), NFE (forwards incl. prefill, a CFG pair is
     one), committed tokens per iteration, mean entropy of the verified distributions at the free
-    committed positions; and timings of the whole batch."""
+    committed positions; and timings of the whole batch and its peak memory (CUDA: allocated;
+    CPU: the decoding state - KV cache, drafts' distributions, Gumbel noise)."""
 
     tokens_BN: torch.Tensor
     nfe_B: torch.Tensor
@@ -54,7 +55,6 @@ class ScdResult:
     prefill_s: float = 0.0
     loop_s: float = 0.0
     peak_bytes: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 class _State:
@@ -220,6 +220,8 @@ class JacobiDecoder:
         st.q_BJP = torch.zeros(B, J, self.P, device=dev).scatter_(-1, st.drafts_BJ[..., None], 1.0)
         if cfg.coupling == "gs":
             st.g_BJP = self._gumbel(pos_BJ)
+        state_bytes = self.cache.nbytes() + sum(t.numel() * t.element_size() for t in
+                                                (st.q_BJP, st.g_BJP, st.tokens_BN) if t is not None)
         prefill_s = time.perf_counter() - t0
         it = 0
         while True:
@@ -245,7 +247,7 @@ class JacobiDecoder:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         loop_s = time.perf_counter() - t0 - prefill_s
-        peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else self.cache.nbytes()
+        peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else state_bytes
         return ScdResult(out_BN, nfe_B, committed, out_ent / out_cnt.clamp_min(1), prefill_s, loop_s,
                          int(peak))
 

@@ -1,0 +1,257 @@
+"""Offline image / video generation batches with lossless Speculative Jacobi / Coupled Decoding, on a
+Ray actor pool.
+
+    python jobs/generate_images.py --config manifests/jobs/generate_images.yaml [--set compute.num_actors=4]
+    ray job submit --working-dir . -- python jobs/generate_images.py --config manifests/jobs/generate_images.yaml
+
+prompt manifest (JSONL or Parquet: id, prompt, kind image | video; optional background and colour
+for a prompt-following score) -> shards -> actor pool (one generator per actor; num_gpus and
+num_cpus per actor from the config) -> every prompt with every method (ar, sjd, scd_mc, scd_gs) at
+every window L and seed -> <run>/media/<method>_L<L>/<id>_s<seed>.png|gif and one record per item
+under <run>/items/ (a rerun skips the items already there), rejects with their reasons under
+<run>/rejects/. At the end: items.parquet, rejects.parquet, metrics.json, report.md (NFE and
+latency acceleration against AR, SJD / SCD, peak memory, quality against AR's own seed-to-seed
+noise), nfe_vs_window.png, acceptance.png and sample grids.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.py` from anywhere
+
+from pydantic import Field, model_validator  # noqa: E402
+
+from jobs.lib.config import Strict, cli  # noqa: E402
+from jobs.lib.job import ActorPoolSection, JobConfig  # noqa: E402
+from jobs.lib.metrics import RunRecorder  # noqa: E402
+from jobs.lib.ray_setup import init_ray  # noqa: E402
+from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
+
+Method = Literal["ar", "sjd", "scd_mc", "scd_gs"]
+
+
+class DataSection(Strict):
+    prompts: str = Field("manifests/prompts/reference.jsonl",
+                         description="a prompt manifest (.jsonl or .parquet: id, prompt, kind), any URI")
+    limit_per_kind: int | None = Field(None, ge=1, description="first N image prompts and first N video prompts")
+    shard_size: int = Field(8, ge=1, description="prompts per actor call")
+
+
+class GeneratorSection(Strict):
+    path: str = Field("runs/reference/small/generator", description="a local generator directory")
+
+
+class SamplingSection(Strict):
+    """The verified distribution (the same for every method: lossless). null: the generator's default."""
+
+    temperature: float | None = Field(None, gt=0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    cfg_scale: float | None = Field(None, gt=0)
+
+
+class WindowsSection(Strict):
+    image: list[int] = Field([16, 32, 64], min_length=1)
+    video: list[int] = Field([32, 64, 128], min_length=1)
+
+    @model_validator(mode="after")
+    def _sizes(self):
+        for kind, ws in (("image", self.image), ("video", self.video)):
+            if any(w < 2 for w in ws) or len(set(ws)) != len(ws):
+                raise ValueError(f"windows.{kind} must be distinct integers >= 2 (window 1 is AR)")
+        return self
+
+
+class ComputeSection(ActorPoolSection):
+    batch_size: int = Field(1, ge=1, description="prompts decoded together (1: the papers' latency protocol)")
+
+
+class GenerateImagesConfig(JobConfig):
+    data: DataSection = DataSection()
+    generator: GeneratorSection = GeneratorSection()
+    sampling: SamplingSection = SamplingSection()
+    methods: list[Method] = Field(["ar", "sjd", "scd_mc", "scd_gs"], min_length=1)
+    windows: WindowsSection = WindowsSection()
+    alpha: float = Field(1.0, ge=0, le=1, description="coupling strength of scd_* (SCD Eq. 4)")
+    seeds: list[int] = Field([0], min_length=1)
+    ar_extra_seeds: list[int] = Field([1], description="AR at these seeds too: the quality noise floor")
+    compute: ComputeSection = ComputeSection()
+
+    @model_validator(mode="after")
+    def _methods(self):
+        if "ar" not in self.methods:
+            raise ValueError("methods must include ar: every acceleration is measured against it")
+        if len(set(self.methods)) != len(self.methods) or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("methods and seeds must not repeat")
+        if set(self.ar_extra_seeds) & set(self.seeds):
+            raise ValueError("ar_extra_seeds must differ from seeds")
+        return self
+
+
+def read_prompts(store: Storage, uri: str, limit_per_kind: int | None) -> list[dict]:
+    """Manifest rows; a missing file, a missing id/prompt column or a repeated id fails first."""
+    if not store.exists(uri):
+        raise FileNotFoundError(f"prompt manifest {uri} does not exist")
+    if uri.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(io.BytesIO(store.read_bytes(uri))).to_pylist()
+    else:
+        rows = [json.loads(line) for line in store.read_text(uri).splitlines() if line.strip()]
+    if limit_per_kind:
+        counts: dict[str, int] = {}
+        kept = []
+        for r in rows:
+            kind = r.get("kind") or "image"
+            counts[kind] = counts.get(kind, 0) + 1
+            if counts[kind] <= limit_per_kind:
+                kept.append(r)
+        rows = kept
+    if not rows:
+        raise ValueError(f"prompt manifest {uri} has no rows")
+    if any("id" not in r or "prompt" not in r for r in rows):
+        raise ValueError(f"prompt manifest {uri}: every row needs 'id' and 'prompt'")
+    ids = [str(r["id"]) for r in rows]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"prompt manifest {uri}: ids repeat ({sorted({i for i in ids if ids.count(i) > 1})[:5]})")
+    return [{**r, "id": str(r["id"])} for r in rows]
+
+
+def main(cfg: GenerateImagesConfig) -> dict:
+    import ray
+
+    from jobs.lib.image_worker import ImagePlan, ImageWorker
+
+    store = Storage(cfg.storage)
+    run_dir = cfg.run_dir("generate_images")
+    rows = read_prompts(store, cfg.data.prompts, cfg.data.limit_per_kind)
+    if not (Path(cfg.generator.path) / "generator_config.json").is_file():
+        raise FileNotFoundError(f"{cfg.generator.path} is not a local generator directory "
+                                "(build one: python scripts/build_reference.py)")
+    rec = RunRecorder("generate_images", cfg, run_dir, store)
+    shards = [{"shard": i, "rows": rows[s:s + cfg.data.shard_size]}
+              for i, s in enumerate(range(0, len(rows), cfg.data.shard_size))]
+    plan = ImagePlan(tuple(cfg.methods), {"image": tuple(cfg.windows.image), "video": tuple(cfg.windows.video)},
+                     tuple(cfg.seeds), tuple(cfg.ar_extra_seeds), cfg.sampling.model_dump(), cfg.alpha,
+                     cfg.compute.batch_size)
+    rec.figure("ray", init_ray(cfg.ray)["mode"])
+    local = str(Path(cfg.generator.path).resolve()) if scheme_of(cfg.generator.path) == "file" else cfg.generator.path
+    with rec.stage("generate") as st:
+        Actor = ray.remote(ImageWorker).options(num_gpus=cfg.compute.num_gpus_per_actor,
+                                                num_cpus=cfg.compute.num_cpus_per_actor,
+                                                max_restarts=3, max_task_retries=3, scheduling_strategy="SPREAD")
+        actors = [Actor.remote(local, cfg.storage, run_dir, plan, cpu_threads=max(1, int(cfg.compute.num_cpus_per_actor)),
+                               metadata={"config_hash": rec.hash})
+                  for _ in range(min(cfg.compute.num_actors, len(shards)))]
+        pool = ray.util.ActorPool(actors)
+        new = 0
+        for r in rec.progress(pool.map_unordered(lambda a, s: a.__call__.remote(s), shards),
+                              total=len(shards), desc="shards"):
+            new += r["items"]
+        for a in actors:
+            ray.kill(a)
+        st["items"] = new
+    return finish(rec, store, run_dir)
+
+
+def _read_all(store: Storage, uri: str) -> list[dict]:
+    return [json.loads(store.read_text(join(uri, n))) for n in sorted(store.list(uri)) if n.endswith(".json")]
+
+
+def finish(rec: RunRecorder, store: Storage, run_dir: str) -> dict:
+    """Aggregate the item records into tables, metrics.json, report.md, plots and grids."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from jobs.lib import image_report as ir
+
+    items, rejects = _read_all(store, join(run_dir, "items")), _read_all(store, join(run_dir, "rejects"))
+    for name, table in (("items", items), ("rejects", rejects)):
+        buf = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(table) if table else pa.table({}), buf)
+        store.write_bytes(join(run_dir, f"{name}.parquet"), buf.getvalue())
+    tables = {k: ir.accel_table(items, k) for k in ir.KINDS}
+    quality = {k: ir.quality_table(items, k) for k in ir.KINDS}
+    curves = {k: ir.acceptance_curves(items, k) for k in ir.KINDS}
+    ar_stats = {}
+    for kind in ir.KINDS:
+        ar = [r for r in items if r["kind"] == kind and r["method"] == "ar" and r["seed"] == min(
+            (x["seed"] for x in items if x["kind"] == kind and x["method"] == "ar"), default=0)]
+        if ar:
+            ar_stats[kind] = {"samples": len(ar), "tokens": ar[0]["tokens"], "nfe": sum(r["nfe"] for r in ar) / len(ar),
+                              "latency_s": sum(r["latency_s"] for r in ar) / len(ar),
+                              "entropy": sum(r["entropy"] for r in ar) / len(ar)}
+    plots, grids = [], []
+    if any(tables[k] for k in ar_stats):
+        store.write_bytes(join(run_dir, "nfe_vs_window.png"),
+                          ir.nfe_plot_png({k: tables[k] for k in ar_stats}, {k: v["nfe"] for k, v in ar_stats.items()}))
+        store.write_bytes(join(run_dir, "acceptance.png"), ir.curves_plot_png(curves))
+        plots = ["nfe_vs_window.png", "acceptance.png"]
+    for kind in ar_stats:
+        grid = _grid_rows(store, run_dir, items, kind, Image)
+        if grid:
+            store.write_bytes(join(run_dir, f"grid_{kind}.png"), ir.grid_png(grid))
+            grids.append(f"grid_{kind}.png")
+    rec.count("items", len(items))
+    rec.count("rejects", len(rejects))
+    for kind, rows in tables.items():
+        for r in rows:
+            if r["method"] != "ar":
+                tag = f"{kind}_{r['method']}_L{r['window']}"
+                rec.figure(f"{tag}_nfe_accel", round(r["nfe_accel"], 3))
+                rec.figure(f"{tag}_latency_accel", round(r["latency_accel"], 3) if r["latency_accel"] else None)
+    rec.detail("acceleration", tables)
+    rec.detail("quality", quality)
+    rec.detail("ar", ar_stats)
+    rec.detail("acceptance_curves", curves)
+    rec.figure("rejects", [f"{r['id']}: {r['reason']}" for r in rejects][:20])
+    rec.figure("run_dir", run_dir)
+    return rec.finish(ir.render(tables, quality, ar_stats, plots, grids))
+
+
+def _grid_rows(store: Storage, run_dir: str, items: list[dict], kind: str, Image) -> list[tuple[str, list]]:
+    """AR and every method at its largest window, on the first prompts (images: 8 prompts; videos:
+    the 8 frames of the first prompt)."""
+    seed = min(r["seed"] for r in items if r["kind"] == kind)
+    mine = [r for r in items if r["kind"] == kind and r["seed"] == seed]
+    ids = sorted({r["id"] for r in mine})[: (8 if kind == "image" else 1)]
+    out = []
+    for m in ("ar", "sjd", "scd_mc", "scd_gs"):
+        recs = [r for r in mine if r["method"] == m]
+        if not recs:
+            continue
+        w = max(r["window"] for r in recs)
+        by_id = {r["id"]: r for r in recs if r["window"] == w}
+        if not all(i in by_id for i in ids):
+            continue
+        ims = []
+        for i in ids:
+            im = Image.open(io.BytesIO(store.read_bytes(join(run_dir, by_id[i]["media"]))))
+            if kind == "video":
+                for f in range(getattr(im, "n_frames", 1)):
+                    im.seek(f)
+                    ims.append(im.convert("RGB"))
+            else:
+                ims.append(im.convert("RGB"))
+        out.append((m if m == "ar" else f"{m} L={w}", ims))
+    return out
+
+
+if __name__ == "__main__":
+    cfg = cli(GenerateImagesConfig, description=__doc__)
+    try:  # an unreadable manifest or generator, or unreachable storage: one line, exit 1
+        m = main(cfg)
+    except (FileNotFoundError, PermissionError, ConnectionError, ValueError) as err:
+        print(f"generate_images: {type(err).__name__}: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    f = m["figures"]
+    for k, v in f.items():
+        if k.endswith("_nfe_accel"):
+            print(f"generate_images: {k[:-10]}: NFE {v}x, latency {f[k[:-10] + '_latency_accel']}x")
+    print(f"generate_images: {m['counts'].get('items', 0)} items, {m['counts'].get('rejects', 0)} rejects -> {f['run_dir']}")

@@ -1,0 +1,180 @@
+"""The generate_images job's actor: one generator; each call generates one shard of prompts with
+every method and window and commits item by item.
+
+An item is (prompt, method, window, seed). It is committed by writing its image (PNG) or video
+(GIF) and then its record, <run>/items/<key>.json: a rerun lists the records and skips those items,
+so a killed job loses at most the items in flight and duplicates none (the noise is keyed on
+(seed, prompt index, position), so a redone item is the same item). A prompt that cannot be
+generated (empty, over-long, unknown words, a kind the generator has no model for) gets
+<run>/rejects/<id>.json with the reason and the batch goes on.
+
+Per shard and seed, prompts go in batches of `batch_size`, and within a batch every configuration
+runs in turn (interleaved, so drift of a shared machine hits every method alike). Each
+configuration is warmed up once per actor on an untimed sample.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zlib
+from dataclasses import dataclass
+
+from jobs.lib.ray_setup import where_am_i
+from jobs.lib.storage import Storage, StorageConfig, join
+
+COUPLING = {"ar": "none", "sjd": "none", "scd_mc": "mc", "scd_gs": "gs"}
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    """What every prompt is generated with (built from the job config)."""
+
+    methods: tuple[str, ...]
+    windows: dict[str, tuple[int, ...]]       # kind (image | video) -> windows L
+    seeds: tuple[int, ...]
+    ar_extra_seeds: tuple[int, ...]           # AR only: the noise floor of the quality check
+    sampling: dict                            # temperature, top_k, top_p, cfg_scale (None: default)
+    alpha: float = 1.0
+    batch_size: int = 1
+
+    def configs(self, kind: str, seed: int) -> list[tuple[str, int]]:
+        """(method, window) pairs run at this seed; AR has window 1."""
+        if seed not in self.seeds:  # an extra AR seed
+            return [("ar", 1)] if "ar" in self.methods else []
+        return [(m, 1) if m == "ar" else (m, w) for m in self.methods
+                for w in ((1,) if m == "ar" else self.windows[kind])]
+
+
+def item_key(sample_id: str, method: str, window: int, seed: int) -> str:
+    return f"{sample_id}__{method}__L{window}__s{seed}"
+
+
+def prompt_key(sample_id: str) -> int:
+    """Noise stream of a prompt: the same whatever shard or batch it lands in."""
+    return zlib.crc32(sample_id.encode())
+
+
+class ImageWorker:
+    def __init__(self, generator_path: str, storage: StorageConfig, run_uri: str, plan: ImagePlan,
+                 cpu_threads: int = 1, metadata: dict | None = None):
+        import torch
+
+        from spec_core.reference.generator import load_generator
+        from spec_core.scd.adapters.reference import ReferenceGenerator
+
+        torch.set_num_threads(max(1, cpu_threads))
+        self.bundle = load_generator(generator_path)
+        if torch.cuda.is_available():
+            for lm in (self.bundle.image_lm, self.bundle.video_lm):
+                if lm is not None:
+                    lm.to("cuda")
+        self.lms = {kind: ReferenceGenerator(self.bundle, video=kind == "video")
+                    for kind, m in (("image", self.bundle.image_lm), ("video", self.bundle.video_lm))
+                    if m is not None}
+        self.store, self.run_uri, self.plan = Storage(storage), run_uri, plan
+        self.metadata = metadata or {}
+        self.warm: set[tuple] = set()
+
+    def _scd(self, method: str, window: int):
+        from spec_core.scd import ScdConfig
+
+        d = self.bundle.default_sampling.to_dict() | {k: v for k, v in self.plan.sampling.items() if v is not None}
+        return ScdConfig(window=window, coupling=COUPLING[method], alpha=self.plan.alpha,
+                         temperature=d["temperature"], top_k=d["top_k"], top_p=d["top_p"],
+                         cfg_scale=d["cfg_scale"])
+
+    def check(self, row: dict) -> str | None:
+        """Why this prompt cannot be generated (None if it can)."""
+        kind = row.get("kind") or "image"
+        if kind not in ("image", "video"):
+            return f"unknown kind {kind!r} (expected image or video)"
+        if kind not in self.lms:
+            return f"this generator has no {kind} model"
+        return self.lms[kind].check_prompt(row.get("prompt") or "")
+
+    def _run(self, kind: str, method: str, window: int, rows: list[dict], seed: int):
+        from spec_core.scd import JacobiDecoder
+
+        lm = self.lms[kind]
+        cfg = self._scd(method, window)
+        cond, uncond = lm.prompts([r["prompt"] for r in rows], cfg.cfg)
+        dec = JacobiDecoder(lm, lm.layout(), cfg)
+        if (kind, method, window) not in self.warm:  # first use: allocations, kernels; not timed
+            dec.run(cond[:1], uncond[:1] if uncond else None, seed + 7919, [0])
+            self.warm.add((kind, method, window))
+        return dec.run(cond, uncond, seed, [prompt_key(r["id"]) for r in rows])
+
+    def _media(self, kind: str, tokens_BN) -> list[tuple[bytes, object]]:
+        """Encoded PNG / GIF bytes and the decoded pixels per sample."""
+        out = []
+        for x in self.lms[kind].decode(tokens_BN):
+            buf = io.BytesIO()
+            if kind == "video":
+                x[0].save(buf, format="GIF", save_all=True, append_images=x[1:], duration=150, loop=0)
+            else:
+                x.save(buf, format="PNG")
+            out.append((buf.getvalue(), x))
+        return out
+
+    def _commit(self, kind: str, method: str, window: int, seed: int, rows: list[dict], res,
+                batch_s: float) -> None:
+        from spec_core.scd.quality import image_features, video_features
+
+        from spec_core.reference.drawing import dominant_colour
+
+        media = self._media(kind, res.tokens_BN)
+        feats = (video_features if kind == "video" else image_features)([m[1] for m in media])
+        ext = "gif" if kind == "video" else "png"
+        for b, r in enumerate(rows):
+            rel = f"media/{method}_L{window}/{r['id']}_s{seed}.{ext}"
+            self.store.write_bytes(join(self.run_uri, rel), media[b][0])
+            commits = res.committed[b]
+            follows = None
+            if r.get("colour") and r.get("background"):  # the prompt's largest object's colour dominates
+                first = media[b][1][0] if kind == "video" else media[b][1]
+                follows = dominant_colour(first, r["background"]) == r["colour"]
+            steps = max(1, len(commits) - 1)
+            record = {
+                "id": r["id"], "kind": kind, "prompt": r["prompt"], "method": method, "window": window,
+                "seed": seed, "tokens": int(res.tokens_BN.shape[1]), "nfe": int(res.nfe_B[b]),
+                "mean_committed": (sum(commits) - 1) / steps,   # tokens per iteration after the prefill
+                "committed": commits, "entropy": float(res.entropy_B[b]),
+                "latency_s": res.prefill_s + res.loop_s, "batch_seconds": batch_s, "batch_size": len(rows),
+                "peak_bytes": res.peak_bytes, "media": rel, "features": feats[b].tolist(),
+                "background": r.get("background"), "colour": r.get("colour"), "follows": follows,
+                **where_am_i(), **self.metadata,
+            }
+            self.store.write_text(join(self.run_uri, "items", item_key(r["id"], method, window, seed) + ".json"),
+                                  json.dumps(record))
+
+    def __call__(self, shard: dict) -> dict:
+        t0 = time.perf_counter()
+        done = {n[:-5] for n in self.store.list(join(self.run_uri, "items")) if n.endswith(".json")}
+        rejected = {n[:-5] for n in self.store.list(join(self.run_uri, "rejects")) if n.endswith(".json")}
+        good, new_items, rejects = [], 0, 0
+        for row in shard["rows"]:
+            reason = self.check(row)
+            if reason is None:
+                good.append(row)
+            elif row["id"] not in rejected:
+                self.store.write_text(join(self.run_uri, "rejects", f"{row['id']}.json"),
+                                      json.dumps({"id": row["id"], "prompt": row.get("prompt"),
+                                                  "kind": row.get("kind"), "reason": reason}))
+                rejects += 1
+        for kind in ("image", "video"):
+            rows = [r for r in good if (r.get("kind") or "image") == kind]
+            for seed in self.plan.seeds + self.plan.ar_extra_seeds:
+                for s in range(0, len(rows), self.plan.batch_size):
+                    batch = rows[s:s + self.plan.batch_size]
+                    for method, window in self.plan.configs(kind, seed):
+                        todo = [r for r in batch if item_key(r["id"], method, window, seed) not in done]
+                        if not todo:
+                            continue
+                        tb = time.perf_counter()
+                        res = self._run(kind, method, window, todo, seed)
+                        self._commit(kind, method, window, seed, todo, res, time.perf_counter() - tb)
+                        new_items += len(todo)
+        return {"shard": shard["shard"], "items": new_items, "rejects": rejects,
+                "busy_seconds": time.perf_counter() - t0, **where_am_i()}
