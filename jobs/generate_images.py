@@ -200,12 +200,12 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str) -> dict:
             grids.append(f"grid_{kind}.png")
     rec.count("items", len(items))
     rec.count("rejects", len(rejects))
-    for kind, rows in tables.items():
-        for r in rows:
-            if r["method"] != "ar":
-                tag = f"{kind}_{r['method']}_L{r['window']}"
-                rec.figure(f"{tag}_nfe_accel", round(r["nfe_accel"], 3))
-                rec.figure(f"{tag}_latency_accel", round(r["latency_accel"], 3) if r["latency_accel"] else None)
+    for kind, rows in tables.items():  # per kind and method: {window: acceleration}
+        for m in dict.fromkeys(r["method"] for r in rows if r["method"] != "ar"):
+            mine = [r for r in rows if r["method"] == m]
+            rec.figure(f"{kind}_{m}_nfe_accel", {str(r["window"]): round(r["nfe_accel"], 2) for r in mine})
+            rec.figure(f"{kind}_{m}_latency_accel",
+                       {str(r["window"]): round(r["latency_accel"], 2) if r["latency_accel"] else None for r in mine})
     rec.detail("acceleration", tables)
     rec.detail("quality", quality)
     rec.detail("ar", ar_stats)
@@ -253,5 +253,6 @@ if __name__ == "__main__":
     f = m["figures"]
     for k, v in f.items():
         if k.endswith("_nfe_accel"):
-            print(f"generate_images: {k[:-10]}: NFE {v}x, latency {f[k[:-10] + '_latency_accel']}x")
+            print(f"generate_images: {k[:-10]}: NFE / latency acceleration per window "
+                  f"{ {w: (x, f[k[:-10] + '_latency_accel'][w]) for w, x in v.items()} }")
     print(f"generate_images: {m['counts'].get('items', 0)} items, {m['counts'].get('rejects', 0)} rejects -> {f['run_dir']}")

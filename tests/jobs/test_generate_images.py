@@ -85,7 +85,7 @@ def test_report_has_every_method_and_window(run):
         assert line in report
     for f in ("nfe_vs_window.png", "acceptance.png", "grid_image.png", "grid_video.png", "items.parquet"):
         assert (run_dir / f).is_file()
-    assert m["figures"]["image_scd_mc_L16_nfe_accel"] > 0
+    assert m["figures"]["image_scd_mc_nfe_accel"]["16"] > 0 and set(m["figures"]["video_sjd_latency_accel"]) == {"8"}
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["details"]["quality"]["image"]["rows"]
 

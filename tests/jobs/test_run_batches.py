@@ -101,3 +101,15 @@ def test_a_scheduler_killed_mid_batch_is_finished_by_the_next_run(world, tmp_pat
     assert {p.name: p.read_bytes() for p in markers.glob("*.json") if p.name in before} == before  # not redone
     gen = json.loads((out / "generate" / "nightly" / "metrics.json").read_text())
     assert gen["stages"]["generate"]["items"] == N_KILL - len(before)
+
+
+def test_a_generate_images_request_builds_its_config(tmp_path):
+    from jobs.generate_images import GenerateImagesConfig
+    from jobs.run_batches import batch_config
+
+    req = {"job": "generate_images", "config_file": str(REPO / "manifests/jobs/generate_images.yaml"),
+           "set": ["data.limit_per_kind=2", "windows.image=[8, 16]"]}
+    job, cfg = batch_config(req, "night-1", _cfg(str(tmp_path / "q"), str(tmp_path / "out")))
+    assert job == "generate_images" and isinstance(cfg, GenerateImagesConfig)
+    assert cfg.run.run_id == "night-1" and cfg.run.output_uri == str(tmp_path / "out")
+    assert cfg.data.limit_per_kind == 2 and cfg.windows.image == [8, 16]
