@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 COUPLINGS = ("none", "mc", "gs")
+ALIASES = {"sjd": "none", "independent": "none", "maximal": "mc", "gumbel": "gs"}  # also accepted
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,11 @@ class ScdConfig:
     cfg_scale: float = 1.0
 
     def __post_init__(self):
+        object.__setattr__(self, "coupling", ALIASES.get(self.coupling, self.coupling))
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
         if self.coupling not in COUPLINGS:
-            raise ValueError(f"coupling must be one of {COUPLINGS}, got {self.coupling!r}")
+            raise ValueError(f"coupling must be one of {COUPLINGS} (or {sorted(ALIASES)}), got {self.coupling!r}")
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
         if self.top_k < 0:

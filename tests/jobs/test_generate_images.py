@@ -105,7 +105,7 @@ def test_greedy_outputs_equal_ar_and_rerun_redoes_only_missing_items(world, ray_
     assert m["stages"]["generate"]["items"] == len(lost)
     again = {p.name: json.loads(p.read_text()) for p in (run_dir / "items").glob("*.json")}
     assert set(again) == set(items)
-    where_and_when = {"latency_s", "batch_seconds", "batch_size", "peak_bytes", "actor", "node"}
+    where_and_when = {"latency_s", "e2e_s", "batch_size", "peak_bytes", "actor", "node"}
     for name in lost:  # the same item again (its noise is keyed on the prompt, not the batch)
         assert {k: v for k, v in again[name].items() if k not in where_and_when} == \
                {k: v for k, v in items[name].items() if k not in where_and_when}

@@ -114,10 +114,18 @@ def test_nfe_and_commit_bookkeeping(model):
         assert all(1 <= k <= 8 for k in c[1:])
 
 
+def test_coupling_aliases(model):
+    ids = torch.tensor([PROMPT] * 3)
+    for alias, name in (("sjd", "none"), ("maximal", "mc"), ("gumbel", "gs")):
+        a = generate(model, ids, 6, window=4, coupling=alias, seed=1)
+        b = generate(model, ids, 6, window=4, coupling=name, seed=1)
+        assert torch.equal(a.sequences, b.sequences)
+
+
 def test_config_mistakes_fail_first(model):
     ids = torch.tensor([PROMPT])
     with pytest.raises(ValueError, match="coupling"):
-        generate(model, ids, 4, window=4, coupling="maximal")
+        generate(model, ids, 4, window=4, coupling="coupled")
     with pytest.raises(ValueError, match="window"):
         generate(model, ids, 4, window=0, coupling="mc")
     with pytest.raises(ValueError, match="uncond"):

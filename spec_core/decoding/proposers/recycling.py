@@ -1,0 +1,134 @@
+"""Token Recycling (Luo et al., ACL 2025): the target's top-k next tokens at every verified
+position, "recycled" into an adjacency matrix, drafted from by expanding a static tree.
+
+adj_VK[v] holds the k most likely next tokens after token v, best first, as the target last
+predicted them at a position holding v; `update` overwrites the rows of every verified token. The
+matrix starts at -1 (row unknown) and a node whose token's row is unknown gets no children, so an
+unseen token drafts nothing rather than guesses. The matrix outlives `reset` (Token Recycling keeps
+it across requests) and may be shared by several proposers (pass the same `adj_VK`).
+
+Template: child j of a node carries the j-th candidate of its parent token's row. The default
+is the static 80-node tree (depth 6, up to 8 children) shipped with the Token Recycling baseline
+of SAM-Decoding (samd/config/token_recycle.json), written as children counts per node in BFS
+order. Within `budget` we keep the template's first `budget` nodes in that BFS order (a prefix of
+a BFS numbering is ancestor-closed; it drops the deepest, lowest-rank nodes first). MMSpec's
+draft_len=10 would bound the depth; this template is 6 deep, so it never binds.
+
+Shapes: V vocabulary, K candidates per token (matrix_top_k = 8), T verified positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+RECYCLING_TEMPLATE = (
+    8,                                                                   # root -> nodes 1..8
+    8, 4, 3, 2, 1, 1, 1, 1,                                              # depth 1 -> 9..29
+    8, 3, 2, 1, 1, 1, 1, 1, 2, 1, 0, 0, 1, 0, 0, 1, 0, 1, 1, 0, 0,       # depth 2 -> 30..54
+    5, 2, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1, 1, 0, 0,  # depth 3 -> 55..69
+    3, 1, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1, 0, 0,                         # depth 4 -> 70..77
+    2, 0, 0, 1, 0, 0, 0, 0,                                              # depth 5 -> 78..80
+    0, 0, 0,                                                             # depth 6
+)
+
+
+def template_nodes(children: tuple[int, ...] | list[int]) -> tuple[list[int], list[int], list[int]]:
+    """BFS children counts (node 0 = root first) -> (parent, rank, depth) of nodes 1..n."""
+    parent, rank, depth = [], [], []
+    node_depth = [0]
+    for v, c in enumerate(children):
+        if v > len(parent):
+            raise ValueError(f"template node {v} has no parent (counts must describe one BFS tree)")
+        for j in range(c):
+            parent.append(v)
+            rank.append(j)
+            depth.append(node_depth[v] + 1)
+            node_depth.append(node_depth[v] + 1)
+    if len(children) != len(parent) + 1:
+        raise ValueError("template needs one children count per node")
+    return parent, rank, depth
+
+
+class TokenRecycling:
+    """Token Recycling's adjacency matrix and static-tree drafts for one sample."""
+
+    def __init__(self, vocab_size: int, k: int = 8, template=RECYCLING_TEMPLATE,
+                 adj_VK: torch.Tensor | None = None):
+        if not 1 <= k <= vocab_size:
+            raise ValueError("need 1 <= k <= vocab_size")
+        self.k = k
+        self.parent, self.rank, self.depth = template_nodes(template)
+        if self.rank and max(self.rank) >= k:
+            raise ValueError(f"template has a node with more than k={k} children")
+        self.adj_VK = adj_VK if adj_VK is not None else torch.full((vocab_size, k), -1, dtype=torch.long)
+        if tuple(self.adj_VK.shape) != (vocab_size, k):
+            raise ValueError("adj_VK must be (vocab_size, k)")
+        n = len(self.parent)
+        # template nodes (1..n) per depth, and their lineage (root excluded) for building paths
+        self._levels = [torch.tensor([i + 1 for i in range(n) if self.depth[i] == d])
+                        for d in range(1, max(self.depth, default=0) + 1)]
+        self._lineage = [[]]
+        for i in range(n):
+            self._lineage.append(self._lineage[self.parent[i]] + [i + 1])
+        kids: list[list[int]] = [[] for _ in range(n + 1)]
+        for i in range(n):
+            kids[self.parent[i]].append(i + 1)   # BFS order = rank order among siblings
+        self._dfs: list[int] = []                 # preorder, best rank first
+        stack = kids[0][::-1]
+        while stack:
+            v = stack.pop()
+            self._dfs.append(v)
+            stack.extend(kids[v][::-1])
+        self.last_token = -1
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.last_token = int(prompt_ids[-1]) if prompt_ids else -1
+
+    def extend(self, new_ids: list[int]) -> None:
+        if new_ids:
+            self.last_token = int(new_ids[-1])
+
+    @torch.no_grad()
+    def update(self, tokens_T: torch.Tensor, logits_TV: torch.Tensor) -> None:
+        """adj[tokens[t]] <- top-k of logits[t], for t in order (a repeated token keeps its last).
+        Pass real verified positions only (not a padded tree's pad nodes)."""
+        tokens_T = torch.as_tensor(tokens_T, dtype=torch.long, device=logits_TV.device).reshape(-1)
+        if tokens_T.numel() == 0:
+            return
+        top_TK = logits_TV.topk(self.k, dim=-1).indices
+        uniq_U, inv_T = tokens_T.unique(return_inverse=True)
+        pos_T = torch.arange(tokens_T.numel(), device=tokens_T.device)
+        last_U = torch.full_like(uniq_U, -1).scatter_reduce(0, inv_T, pos_T, reduce="amax")  # last position of each token
+        self.adj_VK[uniq_U.to(self.adj_VK.device)] = top_TK[last_U].to(self.adj_VK.device)
+
+    @torch.no_grad()
+    def expand(self, root: int, budget: int) -> list[int]:
+        """Tokens of the template's first `budget` nodes below `root`, level by level (BFS);
+        -1 below a token whose row is unknown."""
+        n = min(budget, len(self.parent))
+        adj = self.adj_VK
+        tokens_M = torch.full((n + 1,), -1, dtype=torch.long, device=adj.device)
+        tokens_M[0] = root
+        parent_M = torch.tensor([0] + self.parent[:n], device=adj.device)
+        rank_M = torch.tensor([0] + self.rank[:n], device=adj.device)
+        for level in self._levels:
+            idx = level[level <= n].to(adj.device)
+            if idx.numel() == 0:
+                break
+            par = tokens_M[parent_M[idx]]
+            cand = adj[par.clamp_min(0), rank_M[idx]]
+            tokens_M[idx] = torch.where(par >= 0, cand, -1)
+        return tokens_M[1:].tolist()
+
+    def propose(self, budget: int) -> list[list[int]]:
+        if self.last_token < 0 or budget <= 0:
+            return []
+        tokens = self.expand(self.last_token, budget)
+        n = len(tokens)
+        known = [True] + [t >= 0 for t in tokens]
+        has_child = [False] * (n + 1)
+        for i in range(1, n + 1):
+            has_child[self.parent[i - 1]] |= known[i]
+        # root-to-leaf paths in depth-first rank order (best first)
+        return [[tokens[j - 1] for j in self._lineage[i]]
+                for i in self._dfs if i <= n and known[i] and not has_child[i]]

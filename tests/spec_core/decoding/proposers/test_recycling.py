@@ -1,0 +1,93 @@
+"""TokenRecycling: update semantics against a sequential loop, and drafts against hand- and
+recursively-expanded trees."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from spec_core.decoding.proposers import RECYCLING_TEMPLATE, TokenRecycling, paths_to_tree
+from spec_core.decoding.proposers.recycling import template_nodes
+
+
+def test_update_overwrites_rows_in_order():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        V, k, T = 12, 3, 9
+        tr = TokenRecycling(V, k, template=(1, 0))
+        want = [[-1] * k for _ in range(V)]
+        for _ in range(3):
+            tokens = torch.randint(0, V, (T,), generator=g)      # repeats: the later position wins
+            logits = torch.randn(T, V, generator=g)
+            tr.update(tokens, logits)
+            for t in range(T):
+                want[int(tokens[t])] = logits[t].argsort(descending=True)[:k].tolist()
+            assert tr.adj_VK.tolist() == want
+
+
+def test_default_template_is_token_recyclings_80_node_tree():
+    parent, rank, depth = template_nodes(RECYCLING_TEMPLATE)
+    assert len(parent) == 80 and max(depth) == 6 and max(rank) == 7
+    assert parent[:8] == [0] * 8 and all(p < i for i, p in enumerate(parent, start=1))
+    with pytest.raises(ValueError):
+        template_nodes((1, 0, 2))    # node 2 has no parent
+    with pytest.raises(ValueError):
+        TokenRecycling(10, k=2)      # the default template needs k >= 8
+
+
+def test_hand_expanded_tree():
+    tr = TokenRecycling(6, k=2, template=(2, 2, 1, 0, 0, 0))   # root -> 1, 2; 1 -> 3, 4; 2 -> 5
+    tr.adj_VK[0] = torch.tensor([1, 2])
+    tr.adj_VK[1] = torch.tensor([3, 4])
+    tr.adj_VK[2] = torch.tensor([5, 0])
+    tr.reset([4, 0])
+    assert tr.propose(10) == [[1, 3], [1, 4], [2, 5]]
+    assert tr.propose(3) == [[1, 3], [2]]          # the template's first 3 nodes (BFS)
+    tr.extend([1])                                 # from token 1: row 3, 4 unknown -> no grandchildren
+    assert tr.propose(10) == [[3], [4]]
+    tr.adj_VK[2] = -1
+    tr.reset([0])
+    assert tr.propose(10) == [[1, 3], [1, 4], [2]]
+    tr.reset([5])                                  # an unseen token drafts nothing
+    assert tr.propose(10) == []
+
+
+def test_default_template_against_recursive_expansion():
+    rng = random.Random(0)
+    parent, rank, _ = template_nodes(RECYCLING_TEMPLATE)
+    V, k = 20, 8
+    for _ in range(30):
+        adj = torch.stack([torch.randperm(V)[:k] for _ in range(V)])
+        for v in rng.sample(range(V), 6):
+            adj[v] = -1
+        tr = TokenRecycling(V, k, adj_VK=adj.clone())
+        root, budget = rng.randrange(V), rng.randrange(1, 90)
+        tr.reset([root])
+        # oracle: node i's token is row(parent token)[rank i], over the first `budget` nodes
+        tok = [root]
+        for i in range(min(budget, 80)):
+            p = tok[parent[i]]
+            tok.append(int(adj[p, rank[i]]) if p >= 0 else -1)
+        seqs, want = [()], set()
+        for i in range(1, len(tok)):
+            seqs.append(seqs[parent[i - 1]] + (tok[i],))
+            if tok[i] >= 0:
+                want.add(seqs[i])
+        paths = tr.propose(budget)
+        tokens, par, _ = paths_to_tree(paths, budget)
+        got = [()]
+        for t, p in zip(tokens, par):
+            got.append(got[p] + (t,))
+        assert set(got[1:]) == want and len(got) - 1 == len(want)
+        assert not paths or paths[0] == [tok[j] for j in (1, 9, 30, 55, 70, 78) if j < len(tok)][: len(paths[0])]
+
+
+def test_matrix_survives_reset_and_is_shareable():
+    shared = torch.full((5, 2), -1, dtype=torch.long)
+    a, b = TokenRecycling(5, 2, template=(1, 0), adj_VK=shared), TokenRecycling(5, 2, template=(1, 0), adj_VK=shared)
+    a.update(torch.tensor([3]), torch.tensor([[0.0, 1.0, 5.0, 2.0, 0.5]]))
+    a.reset([3])
+    b.reset([3])
+    assert a.propose(4) == b.propose(4) == [[2]]
