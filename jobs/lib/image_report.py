@@ -186,9 +186,9 @@ def _f(x, spec: str = ".2f") -> str:
 
 
 def _following(r: dict) -> str:
-    """Rate with its binomial standard error and sample count."""
+    """Rate with its counts (the sampling noise of a rate from n samples is about 0.5 / sqrt(n))."""
     p, n = r["following"], r["following_n"]
-    return "-" if p is None else f"{p:.2f} +- {(p * (1 - p) / n) ** 0.5:.2f} (n={n})"
+    return "-" if p is None else f"{p:.2f} ({round(p * n)}/{n})"
 
 
 def render(tables: dict, quality: dict, ar_stats: dict, plots: list[str], grids: list[str]) -> str:

@@ -5,7 +5,8 @@ Every slot b holds one sample. Its target and drafter caches (`RaggedCache`, one
 exactly the committed sequence minus the root: `len[b]` entries, the root token (the last one
 committed, not yet seen by the target) at sequence index len[b] and target position tpos[b].
 One step, for all slots at once:
-  1. draft a tree per slot (`draft.draft_tree`; none for AR);
+  1. draft a tree per slot (`draft.draft_tree` from a drafter, or the slot's training-free
+     proposer - PLD, SAM, Lookahead, Token Recycling, `proposers/`; none for AR);
   2. verify: one target forward over [root, nodes] with a tree mask, nodes at tpos + depth;
   3. the target's token at each node (argmax, or one draw from its processed distribution) and
      the walk from the root (`tree.walk`): accepted nodes + the target's bonus token;
@@ -27,7 +28,7 @@ Shapes: B slots, M = N + 1 tree nodes with the root, D hidden, V vocabulary, K k
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ from transformers import DynamicCache
 
 from spec_core.decoding.cache import RaggedCache, dynamic_cache_kv
 from spec_core.decoding.draft import draft_tree
+from spec_core.decoding.proposers.paths import Proposer, propose_batch
 from spec_core.decoding.sampling import SamplingConfig, choose_tokens
 from spec_core.decoding.tree import DraftTree, TreeConfig, empty_tree, prefix_and_new_mask, walk
 from spec_core.fovea.correction import VisualMemory
@@ -84,8 +86,14 @@ class DecodeEngine:
     def __init__(self, adapter, drafter=None, *, batch_size: int = 1, capacity: int = 4096,
                  tree: TreeConfig | None = None, sampling: SamplingConfig | None = None,
                  eos_token_ids: Iterable[int] = (), generator: torch.Generator | None = None,
-                 visual_correction: bool = True, correction_depth: int | None = None):
+                 visual_correction: bool = True, correction_depth: int | None = None,
+                 proposer: Callable[[], Proposer] | None = None):
+        if drafter is not None and proposer is not None:
+            raise ValueError("a drafter or a proposer, not both")
         self.adapter, self.drafter = adapter, drafter
+        # training-free drafting: a factory of per-sample proposers (one per slot, reset per request)
+        self.new_proposer = proposer
+        self.proposers: list[Proposer | None] = [None] * batch_size
         self.visual_correction = visual_correction  # False: the drafter scores without its memory
         self.correction_depth = correction_depth    # None: the drafter's trained correction_depth
         self.tree_cfg = tree or TreeConfig()
@@ -113,7 +121,7 @@ class DecodeEngine:
         self._sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def scratch(self) -> int:
-        return step_scratch(self.tree_cfg, self.drafter is not None)
+        return step_scratch(self.tree_cfg, self.drafter is not None or self.new_proposer is not None)
 
     def state_bytes(self) -> int:
         """Memory decoding holds besides the target: caches, visual memories, drafter weights."""
@@ -142,6 +150,10 @@ class DecodeEngine:
         self.len_B[b], self.tpos_B[b], self.root_B[b] = T, last_pos + 1, y
         if self.drafter is not None:
             self._drafter_prefill(b, ids_1T, y, out)
+        if self.new_proposer is not None:
+            prop = self.proposers[b] = self.new_proposer()
+            prop.reset(ids_1T[0].tolist())
+            prop.extend([y])
         self._sync()
         slot = _Slot(request, [y], [], time.perf_counter() - t0, time.perf_counter())
         self.phase_s["prefill"] += slot.prefill_s
@@ -236,10 +248,15 @@ class DecodeEngine:
             cfg = self.tree_cfg.for_batch(sum(active))
             tree = draft_tree(self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, cfg,
                               self.correction_depth)
+        elif self.new_proposer is not None:
+            budget = self.tree_cfg.for_batch(sum(active)).budget
+            tree = propose_batch([p if a else None for p, a in zip(self.proposers, active)], budget, self.device)
         else:
             tree = empty_tree(self.B, self.device)
         lap = self._lap("draft", lap)
         hidden_BMD, logits_BMV = self._verify(tree)
+        if self.new_proposer is not None:
+            self._observe(tree, logits_BMV, active)
         chosen_BM = choose_tokens(logits_BMV, self.sampling, self.gen)
         path_BD, n_B = walk(tree, chosen_BM)
         path, n, chosen = path_BD.tolist(), n_B.tolist(), chosen_BM.tolist()
@@ -264,6 +281,8 @@ class DecodeEngine:
                 if t in self.eos:
                     break
             slot.accepts.append(min(len(emitted), j + 1))
+            if self.proposers[b] is not None:
+                self.proposers[b].extend(emitted[: j + 1])
             if self._done(slot):
                 finished.append(b)
                 continue
@@ -284,6 +303,18 @@ class DecodeEngine:
         self.root_B = torch.where(adv_B > 0, new_tok.gather(1, (adv_B - 1).clamp_min(0)[:, None])[:, 0], self.root_B)
         self._lap("commit", lap)
         return [self._finish(b) for b in finished]
+
+    def _observe(self, tree: DraftTree, logits_BMV: torch.Tensor, active: list[bool]) -> None:
+        """Proposers that learn from the target (Token Recycling's `update`) see the root and the
+        real tree nodes with the target's next-token logits at each."""
+        N = tree.tokens_BN.shape[1]
+        real_BN = tree.parent_BN != torch.arange(1, N + 1, device=self.device)  # pads are their own parent
+        for b, prop in enumerate(self.proposers):
+            if not active[b] or not hasattr(prop, "update"):
+                continue
+            keep_M = torch.cat([torch.ones(1, dtype=torch.bool, device=self.device), real_BN[b]])
+            tokens_M = torch.cat([self.root_B[b:b + 1], tree.tokens_BN[b]])
+            prop.update(tokens_M[keep_M], logits_BMV[b, keep_M])
 
     # --- the loop --------------------------------------------------------------------------------
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
