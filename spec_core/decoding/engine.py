@@ -6,7 +6,9 @@ exactly the committed sequence minus the root: `len[b]` entries, the root token 
 committed, not yet seen by the target) at sequence index len[b] and target position tpos[b].
 One step, for all slots at once:
   1. draft a tree per slot (`draft.draft_tree` from a drafter, or the slot's training-free
-     proposer - PLD, SAM, Lookahead, Token Recycling, `proposers/`; none for AR);
+     proposer - PLD, SAM, Lookahead, Token Recycling, `proposers/`; none for AR). With ViSkip
+     (`viskip=tau`), a slot whose current state puts >= tau of its last-layer attention on the
+     image (`visual_share.py`, measured in the previous forward) drafts nothing this step;
   2. verify: one target forward over [root, nodes] with a tree mask, nodes at tpos + depth;
   3. the target's token at each node (argmax, or one draw from its processed distribution) and
      the walk from the root (`tree.walk`): accepted nodes + the target's bonus token;
@@ -39,7 +41,8 @@ from spec_core.decoding.cache import RaggedCache, dynamic_cache_kv
 from spec_core.decoding.draft import draft_tree
 from spec_core.decoding.proposers.paths import Proposer, propose_batch
 from spec_core.decoding.sampling import SamplingConfig, choose_tokens
-from spec_core.decoding.tree import DraftTree, TreeConfig, empty_tree, prefix_and_new_mask, walk
+from spec_core.decoding.tree import DraftTree, TreeConfig, drop_rows, empty_tree, prefix_and_new_mask, walk
+from spec_core.decoding.visual_share import VisualShareProbe, visual_share
 from spec_core.fovea.correction import VisualMemory
 from spec_core.fovea.unroll import image_ranks
 
@@ -59,6 +62,7 @@ class Result:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     finished_by: str = "length"                     # eos | length
+    visual_shares: list[float] = field(default_factory=list)  # before each step (with visual tracking)
 
     @property
     def steps(self) -> int:
@@ -72,6 +76,7 @@ class _Slot:
     accepts: list[int]
     prefill_s: float
     t_decode: float
+    shares: list[float] = field(default_factory=list)
 
 
 def step_scratch(tree: TreeConfig, speculative: bool) -> int:
@@ -87,9 +92,12 @@ class DecodeEngine:
                  tree: TreeConfig | None = None, sampling: SamplingConfig | None = None,
                  eos_token_ids: Iterable[int] = (), generator: torch.Generator | None = None,
                  visual_correction: bool = True, correction_depth: int | None = None,
-                 proposer: Callable[[], Proposer] | None = None):
+                 proposer: Callable[[], Proposer] | None = None, viskip: float | None = None,
+                 track_visual: bool = False, visual_reduce: str = "sum"):
         if drafter is not None and proposer is not None:
             raise ValueError("a drafter or a proposer, not both")
+        if visual_reduce not in ("sum", "max"):
+            raise ValueError(f"visual_reduce must be 'sum' or 'max', got {visual_reduce!r}")
         self.adapter, self.drafter = adapter, drafter
         # training-free drafting: a factory of per-sample proposers (one per slot, reset per request)
         self.new_proposer = proposer
@@ -119,6 +127,13 @@ class DecodeEngine:
         # phase boundaries synchronize, so they are exact but not free
         self.phase_s = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "commit": 0.0}
         self._sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        # ViSkip (tau) / visual tracking: the last layer's attention share on image keys of each
+        # slot's current state, from the forward that produced its root token
+        self.viskip, self.visual_reduce = viskip, visual_reduce
+        self.probe = (VisualShareProbe(adapter.decoder_layers[-1].self_attn)
+                      if viskip is not None or track_visual else None)
+        self.image_BC = torch.zeros(batch_size, capacity, dtype=torch.bool, device=dev)
+        self.vis_B = torch.zeros(batch_size, device=dev)
 
     def scratch(self) -> int:
         return step_scratch(self.tree_cfg, self.drafter is not None or self.new_proposer is not None)
@@ -136,9 +151,16 @@ class DecodeEngine:
     @torch.no_grad()
     def _admit(self, b: int, request: Request) -> Result | None:
         t0 = time.perf_counter()
+        if self.probe is not None:
+            self.probe.armed = True
         out = self.adapter.prefill(request.inputs, cache=(cache := DynamicCache()))
         ids_1T = torch.as_tensor(request.inputs["input_ids"]).to(self.device, torch.long)
         T = ids_1T.shape[1]
+        if self.probe is not None:
+            self.probe.armed = False
+            self.image_BC[b] = False
+            self.image_BC[b, :T] = ids_1T[0] == self.adapter.image_token_id
+            self.vis_B[b] = visual_share(self.probe.attn_BSK[:, -1:], self.image_BC[b:b + 1], self.visual_reduce)[0, 0]
         if T + request.max_new_tokens + self.scratch() > self.capacity:
             raise ValueError(f"prompt of {T} tokens + {request.max_new_tokens} new does not fit the "
                              f"cache capacity {self.capacity}")
@@ -199,7 +221,8 @@ class DecodeEngine:
         s = self.slots[b]
         self.slots[b] = None
         return Result(s.request.key, torch.tensor([s.tokens]), s.accepts, s.prefill_s,
-                      time.perf_counter() - s.t_decode, "eos" if s.tokens[-1] in self.eos else "length")
+                      time.perf_counter() - s.t_decode, "eos" if s.tokens[-1] in self.eos else "length",
+                      s.shares)
 
     # --- one step --------------------------------------------------------------------------------
     def _positions(self, pos_BS: torch.Tensor) -> torch.Tensor:
@@ -244,22 +267,41 @@ class DecodeEngine:
         """One draft-verify-commit round over all slots; returns the samples that finished."""
         active = [s is not None for s in self.slots]
         lap = time.perf_counter()
-        if self.drafter is not None:
+        skip = [False] * self.B
+        if self.probe is not None:
+            shares = self.vis_B.tolist()
+            for b in range(self.B):
+                if active[b]:
+                    self.slots[b].shares.append(shares[b])
+                    skip[b] = self.viskip is not None and shares[b] >= self.viskip
+        drafting = [a and not k for a, k in zip(active, skip)]
+        if self.drafter is not None and any(drafting):
             cfg = self.tree_cfg.for_batch(sum(active))
             tree = draft_tree(self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, cfg,
                               self.correction_depth)
-        elif self.new_proposer is not None:
+            if any(skip):
+                tree = drop_rows(tree, torch.tensor(skip, device=self.device))
+        elif self.new_proposer is not None and any(drafting):
             budget = self.tree_cfg.for_batch(sum(active)).budget
-            tree = propose_batch([p if a else None for p, a in zip(self.proposers, active)], budget, self.device)
+            tree = propose_batch([p if d else None for p, d in zip(self.proposers, drafting)], budget, self.device)
         else:
             tree = empty_tree(self.B, self.device)
         lap = self._lap("draft", lap)
+        if self.probe is not None:
+            self.probe.armed = True
         hidden_BMD, logits_BMV = self._verify(tree)
+        if self.probe is not None:
+            self.probe.armed = False
         if self.new_proposer is not None:
             self._observe(tree, logits_BMV, active)
         chosen_BM = choose_tokens(logits_BMV, self.sampling, self.gen)
         path_BD, n_B = walk(tree, chosen_BM)
         path, n, chosen = path_BD.tolist(), n_B.tolist(), chosen_BM.tolist()
+        if self.probe is not None:  # the state that produced the next root: the last accepted node
+            last_B = torch.tensor([path[b][n[b] - 1] if n[b] else 0 for b in range(self.B)], device=self.device)
+            attn_BSK = self.probe.attn_BSK
+            row_BK = attn_BSK[torch.arange(self.B, device=self.device), last_B]
+            self.vis_B = visual_share(row_BK[:, None], self.image_BC, self.visual_reduce)[:, 0]
         tokens = tree.tokens_BN.tolist()
         lap = self._lap("verify", lap)
 

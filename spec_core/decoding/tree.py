@@ -95,6 +95,19 @@ def empty_tree(batch: int, device=None) -> DraftTree:
     return DraftTree(z, z, z, torch.ones(batch, 1, 1, dtype=torch.bool, device=device))
 
 
+def drop_rows(tree: DraftTree, rows_B: torch.Tensor) -> DraftTree:
+    """The same tree with every node of the rows in rows_B (bool) turned into a pad: its own
+    parent, depth 1, seeing only itself - never reached by `walk`, so never accepted."""
+    B, N = tree.tokens_BN.shape
+    own_BN = torch.arange(1, N + 1, device=tree.parent_BN.device).expand(B, N)
+    drop_BN = rows_B[:, None].expand(B, N)
+    anc = tree.anc_BMM.clone()
+    eye = torch.eye(N + 1, dtype=torch.bool, device=anc.device)
+    anc[rows_B] = eye
+    return DraftTree(tree.tokens_BN, torch.where(drop_BN, own_BN, tree.parent_BN),
+                     torch.where(drop_BN, torch.ones_like(tree.depth_BN), tree.depth_BN), anc)
+
+
 def walk(tree: DraftTree, chosen_BM: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Follow the target's choices from the root: at node i the target emits chosen[i]; if a child
     of i carries that token the walk moves there, else chosen[i] is the bonus token and it stops.
