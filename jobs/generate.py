@@ -55,8 +55,13 @@ class TreeSection(Strict):
 
 
 class MethodSection(Strict):
-    kind: Literal["ar", "fovea"] = "fovea"
+    kind: Literal["ar", "fovea", "pld", "sam", "lookahead", "recycling"] = "fovea"
     drafter: str | None = Field(None, description="a saved FoveaDrafter directory (kind fovea)")
+    params: dict = Field(default_factory=dict, description="a training-free method's parameters "
+                         "(MMSpec Table 6 defaults: pld ngram 4 n_pred 10; sam max_len 10; lookahead "
+                         "decoding_length 64 branch_length 12; recycling k 8)")
+    viskip: float | None = Field(None, ge=0, description="ViSkip: no draft when the state's last-layer "
+                                 "attention share on the image is >= this (MMSpec: 0.35)")
     visual_correction: bool = Field(True, description="false: score drafts without the visual memory")
     correction_depth: int | None = Field(None, ge=0, description="correct draft states at depths <= this; "
                                          "null: the drafter's trained value")
@@ -66,8 +71,10 @@ class MethodSection(Strict):
     def _drafter_matches_kind(self):
         if self.kind == "fovea" and not self.drafter:
             raise ValueError("a fovea method needs a drafter directory")
-        if self.kind == "ar" and self.drafter:
-            raise ValueError("an ar method takes no drafter")
+        if self.kind != "fovea" and self.drafter:
+            raise ValueError(f"a {self.kind} method takes no drafter")
+        if self.params and self.kind in ("ar", "fovea"):
+            raise ValueError("params are for training-free methods (pld, sam, lookahead, recycling)")
         return self
 
 
@@ -140,6 +147,15 @@ def plan_shards(store: Storage, files: list[str], limit: int | None, shard_size:
     return shards
 
 
+def _budget(m: MethodSection) -> int:
+    """A training-free method's tree budget: its own draft size unless the tree sets one."""
+    from spec_core.decoding.proposers import DEFAULT_BUDGET
+
+    if m.kind in DEFAULT_BUDGET and "budget" not in m.tree.model_fields_set:
+        return DEFAULT_BUDGET[m.kind]
+    return m.tree.budget
+
+
 def check_drafters(cfg: GenerateConfig, ident: dict) -> None:
     """Every compared drafter is a local FOVEA drafter directory for a target of these sizes."""
     for name in cfg.compare:
@@ -180,7 +196,8 @@ def main(cfg: GenerateConfig) -> dict:
     rec.figure("ray", init_ray(cfg.ray)["mode"])
     local = lambda p: str(Path(p).resolve()) if scheme_of(p) == "file" else p  # noqa: E731
     plans = [MethodPlan(name, local(m.drafter) if m.drafter else None, m.visual_correction,
-                        m.tree.width, m.tree.depth, m.tree.budget, m.tree.step_tokens, m.correction_depth)
+                        m.tree.width, m.tree.depth, _budget(m), m.tree.step_tokens, m.correction_depth,
+                        m.kind if m.kind not in ("ar", "fovea") else None, dict(m.params), m.viskip)
              for name, m in ((n, cfg.methods[n]) for n in cfg.compare)]
     gen = cfg.generation
     with rec.stage("generate") as st:

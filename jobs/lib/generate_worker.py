@@ -64,6 +64,9 @@ class MethodPlan:
     budget: int = 40
     step_tokens: int = 0
     correction_depth: int | None = None   # None: as the drafter was trained
+    proposer: str | None = None           # a training-free method: pld | sam | lookahead | recycling
+    params: dict | None = None            # its parameters (None: MMSpec's defaults)
+    viskip: float | None = None           # ViSkip threshold (None: off)
 
 
 def _seed(base: int, sample_id: str, turn: int) -> int:
@@ -115,12 +118,19 @@ class GenerateWorker:
         if key not in self.engines:
             tree = TreeConfig(method.width, method.depth, method.budget, method.step_tokens)
             drafter = self.drafters.get(method.drafter) if method.drafter else None
-            capacity = self.max_length + self.max_new + step_scratch(tree, drafter is not None) + 1
+            proposer = None
+            if method.proposer:
+                from spec_core.decoding.proposers import proposer_factory
+
+                proposer = proposer_factory(method.proposer, self.adapter.lm_head.weight.shape[0], **(method.params or {}))
+            speculative = drafter is not None or proposer is not None
+            capacity = self.max_length + self.max_new + step_scratch(tree, speculative) + 1
             gen = torch.Generator(device=self.device).manual_seed(self.seed)
             engine = DecodeEngine(self.adapter, drafter, batch_size=batch, capacity=capacity, tree=tree,
                                   sampling=self.sampling, eos_token_ids=self.eos, generator=gen,
                                   visual_correction=method.visual_correction,
-                                  correction_depth=method.correction_depth)
+                                  correction_depth=method.correction_depth, proposer=proposer,
+                                  viskip=method.viskip)
             list(engine.generate([Request(warm_inputs, min(8, self.max_new))]))  # warm-up, not timed
             engine.phase_s = dict.fromkeys(engine.phase_s, 0.0)
             self.engines[key] = engine

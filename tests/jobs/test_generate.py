@@ -205,3 +205,27 @@ def test_sampling_runs_are_reproducible(world, ray_local, tmp_path):
         runs.append({(r["method"], r["id"], r["turn"]): r["response_ids"] for r in rows})
     assert runs[0] == runs[1] and runs[0] != runs[2]
     assert len(runs[0]) == 2 * 2  # 2 rows of ref.parquet (one turn each) x 2 methods; bad.parquet's are rejected
+
+
+def test_training_free_methods_and_viskip_are_lossless(world, ray_local, tmp_path):
+    """MMSpec's training-free methods and ViSkip as generate methods: every output equals AR's at
+    batch 1 and in the batch-3 stream."""
+    root, _ = world
+    methods = {"ar": {"kind": "ar"}, "pld": {"kind": "pld"}, "lookahead": {"kind": "lookahead", "params": {"branch_length": 6}},
+               "recycling": {"kind": "recycling"}, "sam_viskip": {"kind": "sam", "viskip": 0.35},
+               "fovea_viskip": {"drafter": str(root / "drafter"), "viskip": 0.35, "tree": {"budget": 12}}}
+    base = _cfg(root, tmp_path, run={"run_id": "tf"}, data={"limit_per_source": 6}, compute={"num_actors": 1})
+    cfg = GenerateConfig.model_validate({**base.model_dump(mode="json"), "methods": methods, "compare": list(methods)})
+    m = main(cfg)
+    rows = pq.read_table(Path(m["figures"]["run_dir"]) / "responses.parquet").to_pylist()
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["method"], {})[(r["id"], r["turn"])] = r["response_ids"]
+    assert len(by["ar"]) > 0
+    for name in methods:
+        assert by[name] == by["ar"], name
+        if name != "ar":
+            assert m["figures"][f"{name}_mismatches"] == 0
+    with pytest.raises(Exception, match="takes no drafter"):
+        GenerateConfig.model_validate({**cfg.model_dump(mode="json"), "methods": {"ar": {"kind": "ar"}, "p": {"kind": "pld", "drafter": "x"}},
+                                       "compare": ["ar", "p"]})
