@@ -85,6 +85,8 @@ class GenerationSection(Strict):
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     seed: int = 0
+    track_visual: bool = Field(False, description="record each batch-1 step's last-layer attention share on "
+                               "the image (MMSpec Table 7); one extra eager attention per step")
 
 
 class ComputeSection(ActorPoolSection):
@@ -213,7 +215,7 @@ def main(cfg: GenerateConfig) -> dict:
                 dtype=cfg.target.dtype, max_length=cfg.data.max_length, max_new_tokens=gen.max_new_tokens,
                 batch_sizes=tuple(cfg.compute.batch_sizes), seed=gen.seed,
                 sampling=dict(do_sample=gen.do_sample, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p),
-                cpu_threads=max(1, int(cfg.compute.num_cpus_per_actor)),
+                cpu_threads=max(1, int(cfg.compute.num_cpus_per_actor)), track_visual=gen.track_visual,
                 metadata={"config_hash": rec.hash, **ident}) for _ in range(n_actors)]
             pool = ray.util.ActorPool(actors)
             for _ in rec.progress(pool.map_unordered(lambda a, s: a.__call__.remote(s), pending),

@@ -37,7 +37,7 @@ from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
 from jobs.lib.storage import Storage  # noqa: E402
 
-BATCH_JOBS = ("generate", "generate_images")  # jobs a request may name
+BATCH_JOBS = ("generate", "generate_images", "benchmark")  # jobs a request may name
 
 
 class QueueSection(Strict):

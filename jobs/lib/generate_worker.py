@@ -44,6 +44,8 @@ METRICS_SCHEMA = pa.schema([
     ("mat", pa.float64()),                        # accepted draft tokens per step (tau - 1)
     ("prefill_s", pa.float64()), ("decode_s", pa.float64()), ("latency_s", pa.float64()),
     ("tokens_per_s", pa.float64()),
+    ("accept_lengths", pa.list_(pa.int32())),     # tokens committed per step, bonus included
+    ("visual_shares", pa.list_(pa.float32())),    # per step, with generation.track_visual (else empty)
 ])
 REJECTS_SCHEMA = pa.schema([
     ("id", pa.string()), ("source", pa.string()), ("method", pa.string()), ("turn", pa.int32()),
@@ -77,7 +79,7 @@ class GenerateWorker:
     def __init__(self, target_path: str, target_identity: dict, methods: list[MethodPlan],
                  storage: StorageConfig, out_uri: str, *, dtype: str = "auto", max_length: int = 2048,
                  max_new_tokens: int = 256, batch_sizes: tuple[int, ...] = (1,), sampling: dict | None = None,
-                 seed: int = 0, cpu_threads: int = 1, metadata: dict | None = None):
+                 seed: int = 0, cpu_threads: int = 1, track_visual: bool = False, metadata: dict | None = None):
         import torch
 
         from spec_core.decoding import SamplingConfig
@@ -104,6 +106,7 @@ class GenerateWorker:
         eos = self.adapter.text_config.eos_token_id if eos is None else eos
         self.eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.engines: dict[tuple[str, int], object] = {}
+        self.track_visual = track_visual
         self.peak_state: dict[str, int] = {}
         self.gpu_peak: dict[str, int] = {}
 
@@ -130,7 +133,7 @@ class GenerateWorker:
                                   sampling=self.sampling, eos_token_ids=self.eos, generator=gen,
                                   visual_correction=method.visual_correction,
                                   correction_depth=method.correction_depth, proposer=proposer,
-                                  viskip=method.viskip)
+                                  viskip=method.viskip, track_visual=self.track_visual and batch == 1)
             list(engine.generate([Request(warm_inputs, min(8, self.max_new))]))  # warm-up, not timed
             engine.phase_s = dict.fromkeys(engine.phase_s, 0.0)
             self.engines[key] = engine
@@ -199,7 +202,8 @@ class GenerateWorker:
         out["metrics"].append({**common, "prompt_tokens": len(prompt), "new_tokens": len(answer), "steps": steps,
                                "tau": tau, "mat": None if tau is None else tau - 1, "prefill_s": res.prefill_s,
                                "decode_s": res.decode_s, "latency_s": latency,
-                               "tokens_per_s": len(answer) / latency if latency > 0 else None})
+                               "tokens_per_s": len(answer) / latency if latency > 0 else None,
+                               "accept_lengths": list(res.accept_lengths), "visual_shares": list(res.visual_shares)})
 
     # --- throughput at batch sizes > 1 ----------------------------------------------------------
     def _throughput(self, method: MethodPlan, prompts: list[dict], batch: int) -> dict:

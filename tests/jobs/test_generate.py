@@ -24,6 +24,7 @@ from spec_core.fovea import FoveaDrafter
 from spec_core.reference.tasks import TASKS, make_split
 from spec_core.reference.vlm.build import build_target
 from spec_core.targets import load_target
+from tests.jobs.worlds import manifest_rows
 
 MAX_NEW = 24
 
@@ -40,9 +41,7 @@ def world(tmp_path_factory):
     FoveaDrafter.from_target(adapter, n_blocks=1).save_pretrained(root / "drafter")
     FoveaDrafter.from_target(adapter, n_blocks=1, visual_correction=False).save_pretrained(root / "drafter_nc")
     evals = [s for t in TASKS for s in make_split(t, 2, 0, "eval")]
-    rows = [{"id": s["id"], "source": "ref", "split": "eval", "task": s["task"], "image_uri": None,
-             "image_bytes": s["image_png"], "image_sha256": s["image_sha256"], "conversation": s["conversation"]}
-            for s in evals]
+    rows = manifest_rows(evals)
     (root / "eval").mkdir()
     pq.write_table(pa.Table.from_pylist(rows), root / "eval" / "ref.parquet")
     long_q = [{"role": "user", "content": "<image>\n" + "Describe the picture once more. " * 60},

@@ -1,0 +1,145 @@
+"""The benchmark job's summary in MMSpec's shape: per setting (temperature) a Table-3-like grid
+(MAT and speedup per subtask and overall, every method against AR on the same samples), the mean of
+per-sample speedups beside the ratio of totals, speedup against batch size, and acceptance on
+high- vs low-visual steps (MMSpec Table 7); PNG plots of each.
+
+Inputs are the generate runs' metrics rows (jobs.lib.generate_worker.METRICS_SCHEMA) and their
+throughput tables (jobs.lib.generate_report.throughput_table).
+"""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+
+from jobs.lib.generate_report import _PLOT_LOCK, ALL, _f
+
+TASK_ORDER = ("general_vqa", "text_vqa", "captioning", "chart_vqa", "reasoning", "multi_turn")
+
+
+def per_sample_speedup(metrics: list[dict], methods: list[str], baseline: str) -> dict[str, float | None]:
+    """method -> mean over samples of (AR latency / method latency), all turns of a sample summed."""
+    lat: dict[str, dict[str, float]] = {m: defaultdict(float) for m in methods}
+    for r in metrics:
+        if r["method"] in lat:
+            lat[r["method"]][r["id"]] += r["latency_s"]
+    out = {}
+    for m in methods:
+        ratios = [lat[baseline][i] / t for i, t in lat[m].items() if t > 0 and i in lat[baseline]]
+        out[m] = sum(ratios) / len(ratios) if ratios else None
+    return out
+
+
+def visual_split(metrics: list[dict], methods: list[str], threshold: float) -> dict[str, dict]:
+    """method -> {high, low}: steps (with a recorded visual share) at >= / < threshold, and the
+    mean accepted drafts per step there (accept length - 1, MMSpec's MAT convention)."""
+    out = {}
+    for m in methods:
+        acc = {"high": [], "low": []}
+        for r in metrics:
+            if r["method"] != m:
+                continue
+            for share, k in zip(r.get("visual_shares") or [], r.get("accept_lengths") or []):
+                acc["high" if share >= threshold else "low"].append(k - 1)
+        out[m] = {side: {"steps": len(v), "mat": sum(v) / len(v) if v else None} for side, v in acc.items()}
+    return out
+
+
+def _tasks(tasks: dict) -> list[str]:
+    known = [t for t in TASK_ORDER if t in tasks]
+    return known + sorted(t for t in tasks if t not in known and t != ALL) + ([ALL] if ALL in tasks else [])
+
+
+def table3(tasks: dict, per_sample: dict, methods: list[str], baseline: str) -> list[str]:
+    """Markdown: rows are methods, columns subtasks + overall, cells 'MAT speedup'."""
+    cols = _tasks(tasks)
+    lines = ["| method | " + " | ".join(c if c != ALL else "**overall**" for c in cols) +
+             " | mean per-sample speedup |", "|" + "---|" * (len(cols) + 2)]
+    for m in methods:
+        if m == baseline:
+            continue
+        cells = []
+        for c in cols:
+            row = tasks[c].get(m, {})
+            cells.append(f"{_f(row.get('mat'))} {_f(row.get('speedup'))}x")
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {_f(per_sample.get(m))}x |")
+    return lines
+
+
+def _bars_png(groups: list[str], series: dict[str, list[float | None]], ylabel: str, title: str,
+              hline: float | None = None) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with _PLOT_LOCK:
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(groups) * max(1, len(series)) / 3), 3.8), dpi=110)
+        width = 0.8 / max(1, len(series))
+        for i, (name, ys) in enumerate(series.items()):
+            ax.bar([g + i * width for g in range(len(groups))], [y or 0.0 for y in ys], width, label=name)
+        ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups, rotation=20, fontsize=8)
+        if hline is not None:
+            ax.axhline(hline, color="gray", ls="--", lw=1)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def speedup_png(tasks: dict, methods: list[str], baseline: str, title: str) -> bytes:
+    """Speedup per method (bars) and subtask (groups), AR at 1."""
+    cols = _tasks(tasks)
+    series = {m: [tasks[c].get(m, {}).get("speedup") for c in cols] for m in methods if m != baseline}
+    return _bars_png(cols, series, "speedup over AR (batch 1)", title, hline=1.0)
+
+
+def batch_png(throughput: dict, methods: list[str], baseline: str, title: str) -> bytes:
+    """Throughput ratio to AR per batch size (groups) and method (bars)."""
+    batches = sorted({b for m in methods for b in throughput.get(m, {})}, key=int)
+    series = {m: [throughput[m].get(b, {}).get("ratio") for b in batches] for m in methods if m != baseline}
+    return _bars_png([f"batch {b}" for b in batches], series, "throughput / AR's", title, hline=1.0)
+
+
+def visual_png(split: dict, methods: list[str], threshold: float, title: str) -> bytes:
+    """Mean accepted drafts on low- and high-visual steps per method."""
+    names = [m for m in methods if split.get(m, {}).get("low", {}).get("steps")]
+    series = {f"share < {threshold}": [split[m]["low"]["mat"] for m in names],
+              f"share >= {threshold}": [split[m]["high"]["mat"] for m in names]}
+    return _bars_png(names, series, "accepted drafts per step", title)
+
+
+def render(settings: list[dict], methods: list[str], baseline: str, threshold: float) -> str:
+    """report.md body: one section per setting."""
+    lines = []
+    for st in settings:
+        lines += [f"## {st['name']}", "", f"{st['samples']} samples, {st['turns']} turns; batch 1 against "
+                  f"`{baseline}` on the same samples, methods interleaved per sample. Cells: MAT (accepted "
+                  "drafts per step, bonus excluded) and speedup (total AR time / total method time). "
+                  f"Lossless check: {st['mismatches']} outputs differ from `{baseline}`"
+                  + (" (sampling: not expected to match)" if st["sampled"] else "") + ".", ""]
+        lines += table3(st["tasks"], st["per_sample"], methods, baseline)
+        tau = {m: st["tasks"].get(ALL, {}).get(m, {}).get("tau") for m in methods if m != baseline}
+        lines += ["", "tau (tokens per step, bonus included) overall: " +
+                  ", ".join(f"{m} {_f(v)}" for m, v in tau.items()), ""]
+        batches = sorted({b for m in methods for b in st["throughput"].get(m, {})}, key=int)
+        lines += ["Throughput against AR per batch size (every method runs batched on the engine):", "",
+                  "| method | " + " | ".join(f"batch {b}" for b in batches) + " |", "|" + "---|" * (1 + len(batches))]
+        for m in methods:
+            if m != baseline:
+                lines.append(f"| {m} | " + " | ".join(
+                    f"{_f(st['throughput'][m].get(b, {}).get('ratio'))}x" for b in batches) + " |")
+        split = st["visual"]
+        if any(split[m]["high"]["steps"] + split[m]["low"]["steps"] for m in split):
+            lines += ["", f"Acceptance on high-visual (last-layer attention share on the image >= {threshold}) "
+                      "and low-visual steps (MMSpec Table 7):", "",
+                      "| method | low steps | low MAT | high steps | high MAT |", "|---|---|---|---|---|"]
+            for m, v in split.items():
+                lines.append(f"| {m} | {v['low']['steps']} | {_f(v['low']['mat'])} | {v['high']['steps']} | "
+                             f"{_f(v['high']['mat'])} |")
+        lines += [""] + [f"![{p}]({p})" for p in st["plots"]] + [""]
+    return "\n".join(lines)
