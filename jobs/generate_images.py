@@ -181,8 +181,8 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str) -> dict:
     curves = {k: ir.acceptance_curves(items, k) for k in ir.KINDS}
     ar_stats = {}
     for kind in ir.KINDS:
-        ar = [r for r in items if r["kind"] == kind and r["method"] == "ar" and r["seed"] == min(
-            (x["seed"] for x in items if x["kind"] == kind and x["method"] == "ar"), default=0)]
+        ar_all = [r for r in items if r["kind"] == kind and r["method"] == "ar"]
+        ar = [r for r in ar_all if r["seed"] == min(x["seed"] for x in ar_all)]
         if ar:
             ar_stats[kind] = {"samples": len(ar), "tokens": ar[0]["tokens"], "nfe": sum(r["nfe"] for r in ar) / len(ar),
                               "latency_s": sum(r["latency_s"] for r in ar) / len(ar),

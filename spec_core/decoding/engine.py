@@ -135,6 +135,16 @@ class DecodeEngine:
         self.image_BC = torch.zeros(batch_size, capacity, dtype=torch.bool, device=dev)
         self.vis_B = torch.zeros(batch_size, device=dev)
 
+    def close(self) -> None:
+        """Remove the visual-share hook from the target (an engine is done with it)."""
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
+
+    def __del__(self):
+        if getattr(self, "probe", None) is not None:
+            self.probe.close()
+
     def scratch(self) -> int:
         return step_scratch(self.tree_cfg, self.drafter is not None or self.new_proposer is not None)
 

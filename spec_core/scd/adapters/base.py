@@ -10,6 +10,7 @@ S window tokens, K keys read from the cache, D hidden, V sampled vocabulary.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import torch
@@ -35,12 +36,13 @@ class ImageLayout:
         return int(self.forced_N.shape[0])
 
 
-class VisualLM(nn.Module):
+class VisualLM(nn.Module, ABC):
     """Adapter interface. Subclasses wrap an HF model without copying it."""
 
     @property
+    @abstractmethod
     def num_layers(self) -> int:
-        raise NotImplementedError
+        """Attention layers (the RaggedCache has one entry per layer)."""
 
     @property
     def dtype(self) -> torch.dtype:
@@ -50,20 +52,20 @@ class VisualLM(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    @abstractmethod
     def embed_prompt(self, ids_BT: torch.Tensor) -> torch.Tensor:
         """Prompt ids (text vocabulary) -> input embeddings (B, T, D)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def embed_sampled(self, ids_BS: torch.Tensor) -> torch.Tensor:
         """Sampled ids (the logits' vocabulary) -> input embeddings (B, S, D)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def logits(self, embeds_BSD: torch.Tensor, position_ids_BS: torch.Tensor,
                attend_BSK: torch.Tensor, cache, vocab_P: torch.Tensor | None = None) -> torch.Tensor:
         """One cached forward -> float logits over the sampled vocabulary (B, S, V), or only over
         the ids vocab_P (B, S, P). `attend_BSK` says which of the K cached + new keys each query
         sees; `cache` is a RaggedCache."""
-        raise NotImplementedError
 
 
 class CausalLMAdapter(VisualLM):
