@@ -37,10 +37,16 @@ DRAFTER = "runs/train_drafter/reference/drafter"
 CONTROL = "runs/train_drafter/reference-nc/drafter"
 
 
+def _trained(interface: str) -> str:
+    return f"runs/train_drafter/reference-{interface}/drafter"
+
+
 def _zoo() -> dict[str, MethodSection]:
     return {"ar": MethodSection(kind="ar"), "pld": MethodSection(kind="pld"), "sam": MethodSection(kind="sam"),
             "lookahead": MethodSection(kind="lookahead"), "recycling": MethodSection(kind="recycling"),
-            "eagle2": MethodSection(drafter=CONTROL), "fovea": MethodSection(drafter=DRAFTER),
+            "medusa": MethodSection(kind="medusa", drafter=_trained("medusa")),
+            "eagle2": MethodSection(drafter=CONTROL), "prefix": MethodSection(drafter=_trained("prefix")),
+            "compressed": MethodSection(drafter=_trained("compressed")), "fovea": MethodSection(drafter=DRAFTER),
             "fovea_viskip": MethodSection(drafter=DRAFTER, viskip=0.35),
             "sam_viskip": MethodSection(kind="sam", viskip=0.35)}
 
@@ -49,7 +55,8 @@ class BenchmarkConfig(JobConfig):
     data: DataSection = DataSection(limit_per_source=100)
     target: TargetSection = TargetSection()
     methods: dict[str, MethodSection] = Field(default_factory=_zoo)
-    compare: list[str] = Field(["ar", "pld", "sam", "lookahead", "recycling", "eagle2", "fovea", "fovea_viskip"],
+    compare: list[str] = Field(["ar", "pld", "sam", "lookahead", "recycling", "medusa", "eagle2", "prefix",
+                                "compressed", "fovea", "fovea_viskip", "sam_viskip"],
                                min_length=2, description="the first is the baseline (AR)")
     temperatures: list[float] = Field([0.0, 0.6], min_length=1, description="0 = greedy")
     max_new_tokens: int = Field(1024, ge=1, description="MMSpec: 1024")

@@ -54,9 +54,14 @@ class TreeSection(Strict):
                              "the batch; trees shrink as more samples share a step (TreeConfig.for_batch)")
 
 
+# methods with a trained drafter: kind -> the saved directory's format tag
+TRAINED = {"fovea": "fovea-drafter/1", "medusa": "medusa-heads/1"}
+
+
 class MethodSection(Strict):
-    kind: Literal["ar", "fovea", "pld", "sam", "lookahead", "recycling"] = "fovea"
-    drafter: str | None = Field(None, description="a saved FoveaDrafter directory (kind fovea)")
+    kind: Literal["ar", "fovea", "medusa", "pld", "sam", "lookahead", "recycling"] = "fovea"
+    drafter: str | None = Field(None, description="a saved drafter directory: the FOVEA feature-drafter "
+                                "family (kind fovea) or Medusa heads (kind medusa), from train_drafter")
     params: dict = Field(default_factory=dict, description="a training-free method's parameters "
                          "(MMSpec Table 6 defaults: pld ngram 4 n_pred 10; sam max_len 10; lookahead "
                          "decoding_length 64 branch_length 12; recycling k 8)")
@@ -69,11 +74,11 @@ class MethodSection(Strict):
 
     @model_validator(mode="after")
     def _drafter_matches_kind(self):
-        if self.kind == "fovea" and not self.drafter:
-            raise ValueError("a fovea method needs a drafter directory")
-        if self.kind != "fovea" and self.drafter:
+        if self.kind in TRAINED and not self.drafter:
+            raise ValueError(f"a {self.kind} method needs a drafter directory")
+        if self.kind not in TRAINED and self.drafter:
             raise ValueError(f"a {self.kind} method takes no drafter")
-        if self.params and self.kind in ("ar", "fovea"):
+        if self.params and self.kind in ("ar", *TRAINED):
             raise ValueError("params are for training-free methods (pld, sam, lookahead, recycling)")
         return self
 
@@ -159,7 +164,7 @@ def _budget(m: MethodSection) -> int:
 
 
 def check_drafters(cfg: GenerateConfig, ident: dict) -> None:
-    """Every compared drafter is a local FOVEA drafter directory for a target of these sizes."""
+    """Every compared drafter is a local directory of its kind's format, for a target of these sizes."""
     for name in cfg.compare:
         m = cfg.methods[name]
         if m.drafter is None:
@@ -167,7 +172,11 @@ def check_drafters(cfg: GenerateConfig, ident: dict) -> None:
         meta_path = Path(m.drafter) / "config.json"
         if not meta_path.is_file():
             raise FileNotFoundError(f"method {name}: drafter {m.drafter} is not a local drafter directory")
-        target = json.loads(meta_path.read_text()).get("target", {})
+        meta = json.loads(meta_path.read_text())
+        if meta.get("format") != TRAINED[m.kind]:
+            raise ValueError(f"method {name}: {m.drafter} holds format {meta.get('format')!r}; kind {m.kind} "
+                             f"needs {TRAINED[m.kind]!r}")
+        target = meta.get("target", {})
         mine = {k: ident.get(k) for k in ("hidden_size", "vocab_size")}
         if {k: target.get(k) for k in mine} != mine:
             raise ValueError(f"method {name}: drafter {m.drafter} was trained for a target with "
@@ -199,7 +208,7 @@ def main(cfg: GenerateConfig) -> dict:
     local = lambda p: str(Path(p).resolve()) if scheme_of(p) == "file" else p  # noqa: E731
     plans = [MethodPlan(name, local(m.drafter) if m.drafter else None, m.visual_correction,
                         m.tree.width, m.tree.depth, _budget(m), m.tree.step_tokens, m.correction_depth,
-                        m.kind if m.kind not in ("ar", "fovea") else None, dict(m.params), m.viskip)
+                        m.kind if m.kind not in ("ar", *TRAINED) else None, dict(m.params), m.viskip)
              for name, m in ((n, cfg.methods[n]) for n in cfg.compare)]
     gen = cfg.generation
     with rec.stage("generate") as st:

@@ -1,4 +1,7 @@
-"""Train a FOVEA drafter on precomputed artifacts: Ray Train + DeepSpeed ZeRO-2.
+"""Train a drafter on precomputed artifacts: Ray Train + DeepSpeed ZeRO-2. `drafter.kind`:
+fovea (the feature drafter family: FOVEA, or with visual_correction false and visual_context
+fused / prefix / compressed the EAGLE-2-, MSD- and ViSpec-style interfaces) or medusa (Medusa-1
+heads on the frozen target's states).
 
     python jobs/train_drafter.py --config manifests/jobs/train_drafter.yaml [--set compute.num_workers=2]
 
@@ -38,7 +41,8 @@ class TargetSection(Strict):
     path: str = Field("runs/reference/small/target", description="the frozen target's local model directory")
 
 
-class DrafterSection(Strict):  # spec_core.fovea.FoveaConfig, field for field
+class DrafterSection(Strict):  # spec_core.fovea.FoveaConfig field for field, + kind and Medusa's
+    kind: Literal["fovea", "medusa"] = "fovea"
     n_blocks: int = 1
     correction_depth: int = 1
     retrieval: Literal["cumulative", "fixed", "dense"] = "cumulative"
@@ -52,6 +56,25 @@ class DrafterSection(Strict):  # spec_core.fovea.FoveaConfig, field for field
     correction_hidden: int = 512
     max_depth: int = 16
     train_depth: int = 3
+    visual_context: Literal["fused", "prefix", "compressed"] = "fused"
+    num_queries: int = 2
+    medusa_heads: int = Field(3, ge=1, description="kind medusa: heads (MMSpec Table 6: depth 3)")
+    medusa_layers: int = Field(1, ge=0, description="kind medusa: ResBlocks per head")
+
+    def fovea_config(self):
+        from spec_core.fovea import FoveaConfig
+
+        return FoveaConfig(**self.model_dump(exclude={"kind", "medusa_heads", "medusa_layers"}))
+
+    def medusa_config(self):
+        from spec_core.medusa import MedusaConfig
+
+        return MedusaConfig(num_heads=self.medusa_heads, num_layers=self.medusa_layers)
+
+    @property
+    def steps_logged(self) -> int:
+        """Entries of the per-step top-1 log: draft steps, or Medusa heads."""
+        return self.medusa_heads if self.kind == "medusa" else self.train_depth
 
 
 class LossSection(Strict):  # spec_core.fovea.LossConfig (paper Table 5)
@@ -106,10 +129,10 @@ def main(cfg: TrainDrafterConfig) -> dict:
     from jobs.lib.drafter_data import check_target, open_artifacts
     from jobs.lib.ray_setup import init_ray
     from jobs.lib.train_loop import make_trainer, plan_steps
-    from spec_core.fovea import FoveaConfig, LossConfig
+    from spec_core.fovea import LossConfig
     from spec_core.targets import target_identity
 
-    FoveaConfig(**cfg.drafter.model_dump()), LossConfig(**cfg.loss.model_dump())  # their checks, before Ray
+    cfg.drafter.fovea_config(), cfg.drafter.medusa_config(), LossConfig(**cfg.loss.model_dump())  # checks, before Ray
     t, c = cfg.train, cfg.compute
     need = c.num_workers * c.cpus_per_worker + cfg.data.cpus_per_task
     if cfg.ray.num_cpus is not None and not (cfg.ray.address or os.environ.get("RAY_ADDRESS")) and cfg.ray.num_cpus < need:

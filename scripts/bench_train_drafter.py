@@ -35,7 +35,7 @@ def bare_loop(artifacts: str, target: str, steps: int, batch: int, threads: int,
     from jobs.lib.drafter_data import attach_visual, decode_rows, open_artifacts, sha_owners
     from jobs.lib.storage import Storage
     from jobs.train_drafter import TrainDrafterConfig
-    from spec_core.fovea import FoveaConfig, FoveaDrafter, LossConfig, drafter_loss
+    from spec_core.fovea import FoveaDrafter, LossConfig, drafter_loss
     from spec_core.fovea.data import collate
     from spec_core.targets import load_target, target_identity
 
@@ -52,7 +52,7 @@ def bare_loop(artifacts: str, target: str, steps: int, batch: int, threads: int,
         rows += attach_visual(pq.read_table(path, filesystem=fs), art.root, owners, store.cfg).to_pylist()
     torch.manual_seed(seed)
     drafter = FoveaDrafter.from_target(load_target(target, dtype=torch.float32),
-                                       FoveaConfig(**cfg.drafter.model_dump()), identity=target_identity(target)).float()
+                                       cfg.drafter.fovea_config(), identity=target_identity(target)).float()
     params = drafter.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=cfg.train.betas, weight_decay=0.0)
     loss_cfg, rng = LossConfig(**cfg.loss.model_dump()), random.Random(seed)

@@ -82,8 +82,7 @@ class GenerateWorker:
                  seed: int = 0, cpu_threads: int = 1, track_visual: bool = False, metadata: dict | None = None):
         import torch
 
-        from spec_core.decoding import SamplingConfig
-        from spec_core.fovea import FoveaDrafter
+        from spec_core.decoding import SamplingConfig, load_drafter
         from spec_core.targets import load_target
         from spec_core.targets.encode import load_image_encoder
 
@@ -93,7 +92,7 @@ class GenerateWorker:
         self.adapter = load_target(target_path, dtype=getattr(torch, dtype), device=self.device)
         self.encoder = load_image_encoder(target_path)
         self.identity, self.methods = target_identity, methods
-        self.drafters = {m.drafter: FoveaDrafter.from_pretrained(m.drafter, self.adapter)
+        self.drafters = {m.drafter: load_drafter(m.drafter, self.adapter)
                          .to(self.device, getattr(torch, dtype)).eval()
                          for m in methods if m.drafter is not None}
         self.store, self.out = Storage(storage), out_uri

@@ -1,5 +1,5 @@
 """The Ray Train side of jobs/train_drafter.py: the trainer, and its worker running DeepSpeed
-ZeRO-2 over the FOVEA drafter.
+ZeRO-2 over the drafter (the FOVEA feature-drafter family, or Medusa heads).
 
     make_trainer(cfg, plan, artifacts, store, run_dir)   # TorchTrainer(train_worker, datasets={"train": ...})
 
@@ -129,14 +129,18 @@ def build_engine(cfg, plan: Plan, precision: str):
     import deepspeed
     import torch
 
-    from spec_core.fovea import FoveaConfig, FoveaDrafter
+    from spec_core.fovea import FoveaDrafter
+    from spec_core.medusa import MedusaHeads
     from spec_core.targets import load_target, target_identity
 
     torch.manual_seed(cfg.train.seed)
     load_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     adapter = load_target(cfg.target.path, dtype=load_dtype)
-    drafter = FoveaDrafter.from_target(adapter, FoveaConfig(**cfg.drafter.model_dump()),
-                                       identity=target_identity(cfg.target.path))
+    identity = target_identity(cfg.target.path)
+    if cfg.drafter.kind == "medusa":
+        drafter = MedusaHeads.from_target(adapter, cfg.drafter.medusa_config(), identity=identity)
+    else:
+        drafter = FoveaDrafter.from_target(adapter, cfg.drafter.fovea_config(), identity=identity)
     del adapter  # the drafter keeps its own frozen copies of the embedding and LM head
     drafter = drafter.float() if precision == "fp32" else drafter
     params = drafter.trainable_parameters()
@@ -291,12 +295,17 @@ def run_epochs(engine, cfg, plan: Plan, state: dict, rank: int, art: dict, preci
     from jobs.lib.drafter_data import decode_rows
     from spec_core.fovea import LossConfig, drafter_loss
     from spec_core.fovea.data import collate
+    from spec_core.medusa import medusa_loss
 
     t = cfg.train
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     loss_cfg = LossConfig(**cfg.loss.model_dump())
     shard = ray.train.get_dataset_shard("train")
-    window = Window(cfg.drafter.train_depth)
+    window = Window(cfg.drafter.steps_logged)
+    if cfg.drafter.kind == "medusa":
+        loss_fn = lambda model, batch: medusa_loss(model, batch, reduce_fn=mean_over_ranks)  # noqa: E731
+    else:
+        loss_fn = lambda model, batch: drafter_loss(model, batch, loss_cfg, reduce_fn=mean_over_ranks)  # noqa: E731
     engine.train()
     for epoch in range(state["epoch"], t.epochs):
         skip = state["micro_in_epoch"] if epoch == state["epoch"] else 0
@@ -315,7 +324,7 @@ def run_epochs(engine, cfg, plan: Plan, state: dict, rank: int, art: dict, preci
             n_tokens, n_samples = batch.n_tokens, table.num_rows  # counted on the host: no device sync
             batch = batch.to(engine.device, dtype)
             window.data_s += time.perf_counter() - t_data
-            out = drafter_loss(engine.module, batch, loss_cfg, reduce_fn=mean_over_ranks)
+            out = loss_fn(engine.module, batch)
             engine.backward(out.loss)
             engine.step()  # an optimizer update (and scheduler step) every grad_accum micro-batches
             window.add(out, n_tokens, n_samples)

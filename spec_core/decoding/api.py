@@ -2,6 +2,7 @@
 
     speculative_generate(target_model, drafter, inputs, max_new_tokens, **options)
     ar_generate(target_model, inputs, max_new_tokens, **options)
+    load_drafter(directory, target_model)      # FoveaDrafter or MedusaHeads, by the saved format
 
 `inputs` is what the target's HF processor returns for one sample. Options: do_sample,
 temperature, top_k, top_p (HF semantics), eos_token_id (default: the target's generation config),
@@ -25,6 +26,18 @@ from spec_core.decoding.tree import TreeConfig
 class GenerateOutput:
     sequences: torch.Tensor                      # (1, n) new tokens only, through EOS
     accept_lengths: list[int] = field(default_factory=list)
+
+
+def load_drafter(directory, target_model=None):
+    """A saved drafter directory, by its format: a FOVEA-family feature drafter or Medusa heads
+    (with `target_model`, checked against the target's sizes)."""
+    from spec_core.fovea import FoveaDrafter
+    from spec_core.medusa import MedusaHeads
+    from spec_core.medusa.heads import FORMAT as MEDUSA
+    from spec_core.targets.saved import saved_format
+
+    cls = MedusaHeads if saved_format(directory) == MEDUSA else FoveaDrafter
+    return cls.from_pretrained(directory, target_model)
 
 
 def _eos_ids(model, eos_token_id) -> list[int]:

@@ -36,7 +36,9 @@ def _log_probs(drafter: FoveaDrafter, h_BWD: torch.Tensor, depth: int, mem: Visu
 
 @torch.no_grad()
 def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tensor, len_B: torch.Tensor,
-               mem: VisualMemory | None, cfg: TreeConfig, correction_depth: int | None = None) -> DraftTree:
+               mem: VisualMemory | None, cfg: TreeConfig, correction_depth: int | None = None,
+               keep_BC: torch.Tensor | None = None) -> DraftTree:
+    """keep_BC: which cached keys the nodes may read (None: every committed one)."""
     B, dev = root_h_BD.shape[0], root_h_BD.device
     W = min(cfg.width, drafter.lm_head.out_features)
     logp_BWV = _log_probs(drafter, root_h_BD[:, None], 0, mem, correction_depth)
@@ -57,6 +59,8 @@ def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tenso
         write_BW = len_B[:, None] + (d - 1) * W + torch.arange(W, device=dev)
         kv_len = base + d * W
         attend = prefix_and_new_mask(len_B, scratch_BWS, kv_len)
+        if keep_BC is not None:
+            attend = attend & keep_BC[:, None, :kv_len]
         cache.plan(write_BW, kv_len)
         x = drafter.input_states(front_tok, front_parent_h)
         h_BWD, _ = drafter.blocks(x, (len_B + d - 1)[:, None].expand(B, W), attend, cache)

@@ -5,7 +5,8 @@ Every slot b holds one sample. Its target and drafter caches (`RaggedCache`, one
 exactly the committed sequence minus the root: `len[b]` entries, the root token (the last one
 committed, not yet seen by the target) at sequence index len[b] and target position tpos[b].
 One step, for all slots at once:
-  1. draft a tree per slot (`draft.draft_tree` from a drafter, or the slot's training-free
+  1. draft a tree per slot (`draft.draft_tree` from a feature drafter, `medusa_draft.medusa_tree` from
+     Medusa heads on the target state that produced the root, or the slot's training-free
      proposer - PLD, SAM, Lookahead, Token Recycling, `proposers/`; none for AR). With ViSkip
      (`viskip=tau`), a slot whose current state puts >= tau of its last-layer attention on the
      image (`visual_share.py`, measured in the previous forward) drafts nothing this step;
@@ -13,8 +14,9 @@ One step, for all slots at once:
   3. the target's token at each node (argmax, or one draw from its processed distribution) and
      the walk from the root (`tree.walk`): accepted nodes + the target's bonus token;
   4. commit per slot: keep the target KV of the root and accepted nodes (`RaggedCache.keep`),
-     feed the same tokens with the target's features to the drafter (its new root state), so
-     each slot advances by its own count.
+     feed the same tokens with the target's features to a feature drafter (its new root state;
+     Medusa's is the target's own state at the last accepted node), so each slot advances by its
+     own count.
 A finished slot (EOS, or max_new_tokens) returns its result and takes the next request.
 
 Losslessness: at every visited node the target's token is produced by the target's own rule;
@@ -39,12 +41,14 @@ from transformers import DynamicCache
 
 from spec_core.decoding.cache import RaggedCache, dynamic_cache_kv
 from spec_core.decoding.draft import draft_tree
+from spec_core.decoding.medusa_draft import medusa_tree
 from spec_core.decoding.proposers.paths import Proposer, propose_batch
 from spec_core.decoding.sampling import SamplingConfig, choose_tokens
 from spec_core.decoding.tree import DraftTree, TreeConfig, drop_rows, empty_tree, prefix_and_new_mask, walk
 from spec_core.decoding.visual_share import VisualShareProbe, visual_share
 from spec_core.fovea.correction import VisualMemory
 from spec_core.fovea.unroll import image_ranks
+from spec_core.medusa import MedusaHeads
 
 
 @dataclass
@@ -99,6 +103,8 @@ class DecodeEngine:
         if visual_reduce not in ("sum", "max"):
             raise ValueError(f"visual_reduce must be 'sum' or 'max', got {visual_reduce!r}")
         self.adapter, self.drafter = adapter, drafter
+        self.medusa = isinstance(drafter, MedusaHeads)  # heads on the target state, no drafter cache
+        feature_drafter = drafter is not None and not self.medusa
         # training-free drafting: a factory of per-sample proposers (one per slot, reset per request)
         self.new_proposer = proposer
         self.proposers: list[Proposer | None] = [None] * batch_size
@@ -113,14 +119,17 @@ class DecodeEngine:
         self.device = dev
         n_target = adapter.num_layers
         self.tcache = RaggedCache(batch_size, capacity, n_target)
-        self.dcache = RaggedCache(batch_size, capacity, len(drafter.layers)) if drafter is not None else None
+        self.dcache = RaggedCache(batch_size, capacity, len(drafter.layers)) if feature_drafter else None
+        # keys of the drafter cache later queries may read (a compressed visual context masks some)
+        self.dkeep_BC = (torch.ones(batch_size, capacity, dtype=torch.bool, device=dev)
+                         if feature_drafter and drafter.compressor is not None else None)
         self.len_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.tpos_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.root_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.mrope = False
         D = adapter.text_config.hidden_size
         self.root_h_BD = torch.zeros(batch_size, D, device=dev,
-                                     dtype=drafter.fc.weight.dtype if drafter is not None else torch.float32)
+                                     dtype=next(drafter.parameters()).dtype if drafter is not None else torch.float32)
         self.mem: VisualMemory | None = None
         self.slots: list[_Slot | None] = [None] * batch_size
         # seconds per phase of step() (prefill: admissions), summed since construction; on CUDA the
@@ -180,7 +189,9 @@ class DecodeEngine:
         self.mrope = out.position_ids.dim() == 3
         last_pos = out.position_ids.amax(-1).reshape(-1).amax()
         self.len_B[b], self.tpos_B[b], self.root_B[b] = T, last_pos + 1, y
-        if self.drafter is not None:
+        if self.medusa:
+            self.root_h_BD[b] = out.final_hidden_BTD[0, -1]
+        elif self.drafter is not None:
             self._drafter_prefill(b, ids_1T, y, out)
         if self.new_proposer is not None:
             prop = self.proposers[b] = self.new_proposer()
@@ -197,9 +208,15 @@ class DecodeEngine:
         T = ids_1T.shape[1]
         tokens = torch.cat([ids_1T[:, 1:], ids_1T.new_tensor([[y]])], 1)
         ranks = torch.cat([image_ranks(ids_1T, d.image_token_id)[:, 1:], ids_1T.new_tensor([[-1]])], 1)
-        x = d.input_states(tokens, out.final_hidden_BTD.to(d.fc.weight.dtype), out.visual_BPD, ranks)
+        x = d.input_states(tokens, out.final_hidden_BTD.to(d.fc.weight.dtype), out.visual_BPD, ranks,
+                           out.visual_valid_BP)
         cache = DynamicCache()
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()[None]
+        if self.dkeep_BC is not None:
+            self.dkeep_BC[b] = True
+            if (keep_1T := d.context_keep(tokens, ranks)) is not None:
+                self.dkeep_BC[b, :T] = keep_1T[0]
+                causal = causal & keep_1T[:, None, :]
         h, _ = d.blocks(x, torch.arange(T, device=x.device)[None], causal, cache)
         self.dcache.load(b, dynamic_cache_kv(cache))
         self.root_h_BD[b] = h[0, -1]
@@ -261,6 +278,8 @@ class DecodeEngine:
         A = tokens_BA.shape[1]
         causal = torch.ones(A, A, dtype=torch.bool, device=self.device).tril()
         attend, kv_len = self._attend(A, causal.expand(self.B, A, A))
+        if self.dkeep_BC is not None:
+            attend = attend & self.dkeep_BC[:, None, :kv_len]
         self.dcache.plan(self.len_B[:, None] + torch.arange(A, device=self.device), kv_len)
         x = d.input_states(tokens_BA, feats_BAD.to(d.fc.weight.dtype))
         h, _ = d.blocks(x, self.len_B[:, None] + torch.arange(A, device=self.device), attend, self.dcache)
@@ -287,8 +306,9 @@ class DecodeEngine:
         drafting = [a and not k for a, k in zip(active, skip)]
         if self.drafter is not None and any(drafting):
             cfg = self.tree_cfg.for_batch(sum(active))
-            tree = draft_tree(self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, cfg,
-                              self.correction_depth)
+            tree = medusa_tree(self.drafter, self.root_h_BD, cfg) if self.medusa else draft_tree(
+                self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, cfg, self.correction_depth,
+                self.dkeep_BC)
             if any(skip):
                 tree = drop_rows(tree, torch.tensor(skip, device=self.device))
         elif self.new_proposer is not None and any(drafting):
@@ -307,8 +327,11 @@ class DecodeEngine:
         chosen_BM = choose_tokens(logits_BMV, self.sampling, self.gen)
         path_BD, n_B = walk(tree, chosen_BM)
         path, n, chosen = path_BD.tolist(), n_B.tolist(), chosen_BM.tolist()
-        if self.probe is not None:  # the state that produced the next root: the last accepted node
-            last_B = torch.tensor([path[b][n[b] - 1] if n[b] else 0 for b in range(self.B)], device=self.device)
+        # the state that produced the next root: the last accepted node
+        last_B = torch.tensor([path[b][n[b] - 1] if n[b] else 0 for b in range(self.B)], device=self.device)
+        if self.medusa:
+            self.root_h_BD = hidden_BMD[torch.arange(self.B, device=self.device), last_B].to(self.root_h_BD.dtype)
+        if self.probe is not None:
             attn_BSK = self.probe.attn_BSK
             row_BK = attn_BSK[torch.arange(self.B, device=self.device), last_B]
             self.vis_B = visual_share(row_BK[:, None], self.image_BC, self.visual_reduce)[:, 0]
@@ -347,7 +370,7 @@ class DecodeEngine:
             node_idx[b, 1: a + 1] = torch.tensor(nodes, device=self.device)
         self.tcache.keep(keep_src, keep_dst)
         adv_B = torch.tensor(advance, device=self.device)
-        if self.drafter is not None and any(advance):
+        if self.dcache is not None and any(advance):
             feats = hidden_BMD.gather(1, node_idx[:, :, None].expand(-1, -1, hidden_BMD.shape[-1]))
             self._drafter_catch_up(new_tok, feats, adv_B)
         self.len_B += adv_B

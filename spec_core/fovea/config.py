@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RETRIEVAL_MODES = ("cumulative", "fixed", "dense")
+# How the drafter's own context holds the image (FOVEA paper Table 3's interfaces; MMSpec's methods):
+#   fused      - an image slot reads fc([projected visual token; target feature]), like a text slot
+#   prefix     - an image slot reads the raw projected visual token (its own linear map, no target
+#                feature): MSD-style decoupling of visual and text tokens
+#   compressed - the first num_queries image slots hold learned-query summaries of the whole image,
+#                the other image slots are masked out of the drafter's attention (ViSpec-style)
+CONTEXT_MODES = ("fused", "prefix", "compressed")
 
 
 @dataclass(frozen=True)
@@ -24,8 +31,14 @@ class FoveaConfig:
     correction_hidden: int = 512    # hidden width of the correction and gate MLPs
     max_depth: int = 16             # depth-embedding rows; deeper nodes share the last one
     train_depth: int = 3            # draft steps unrolled in training (training-time test)
+    visual_context: str = "fused"   # CONTEXT_MODES
+    num_queries: int = 2            # compressed: learned queries per sample (ViSpec num_q = 2)
 
     def __post_init__(self):
+        if self.visual_context not in CONTEXT_MODES:
+            raise ValueError(f"visual_context must be one of {CONTEXT_MODES}, not {self.visual_context!r}")
+        if self.num_queries < 1:
+            raise ValueError("num_queries must be >= 1")
         if self.retrieval not in RETRIEVAL_MODES:
             raise ValueError(f"retrieval must be one of {RETRIEVAL_MODES}, not {self.retrieval!r}")
         if self.n_blocks < 1 or self.train_depth < 1 or self.max_depth < 0:

@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoConfig, AutoModel
 
 from spec_core.fovea.config import FoveaConfig
 from spec_core.fovea.correction import Correction, VisualCorrection, VisualMemory
+from spec_core.fovea.visual_context import QueryCompressor, gather_ranks, image_slots
 from spec_core.targets.base import additive_mask
+from spec_core.targets.saved import load_state, read_meta, save_module
 
 FORMAT = "fovea-drafter/1"
 
@@ -62,6 +62,9 @@ class FoveaDrafter(nn.Module):
         self.rotary = rotary_cls(config=block_config)
         self.correction = VisualCorrection(D, cfg, eps=getattr(text_config, "rms_norm_eps", 1e-6)) \
             if cfg.visual_correction else None
+        # the image in the drafter's own context (visual_context.py)
+        self.visual_in = nn.Linear(D, D) if cfg.visual_context == "prefix" else None
+        self.compressor = QueryCompressor(D, cfg.num_queries) if cfg.visual_context == "compressed" else None
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod
@@ -88,32 +91,16 @@ class FoveaDrafter(nn.Module):
     def save_pretrained(self, directory: str | Path) -> None:
         """config.json + model.safetensors, self-contained: the frozen embedding and LM head
         copies are saved too, so a drafter loads without its target."""
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(out / "model.safetensors"), metadata={"format": FORMAT})
-        (out / "config.json").write_text(json.dumps(
-            {"format": FORMAT, "fovea": dataclasses.asdict(self.cfg), "target": self.target,
-             "text_config": self.text_config.to_dict()}, indent=2, default=str))
+        save_module(self, directory, FORMAT, {"fovea": dataclasses.asdict(self.cfg), "target": self.target,
+                                              "text_config": self.text_config.to_dict()})
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, target_model=None) -> FoveaDrafter:
         """Load a saved drafter (never unpickles). With `target_model` (HF VLM or adapter),
         check that it is a target of the sizes the drafter was trained for."""
-        src = Path(directory)
-        meta = json.loads((src / "config.json").read_text())
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{src} is not a FOVEA drafter directory (format {meta.get('format')!r})")
-        if target_model is not None:
-            text = getattr(target_model, "text_config", None) or target_model.config.text_config
-            mine = {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size}
-            recorded = {k: meta["target"].get(k) for k in mine}
-            if mine != recorded:
-                raise ValueError(f"drafter {src} was trained for a target with {recorded}, this target has {mine}")
+        meta = read_meta(directory, FORMAT, "FOVEA drafter", target_model)
         drafter = cls(FoveaConfig(**meta["fovea"]), _text_config_from_dict(meta["text_config"]), meta["target"])
-        state = load_file(str(src / "model.safetensors"))
-        drafter.load_state_dict(state, strict=True)  # a mismatch raises, naming the keys
-        return drafter.to(state["fc.weight"].dtype)
+        return load_state(drafter, directory, "fc.weight")
 
     # --- forward pieces --------------------------------------------------------------------------
     @property
@@ -121,19 +108,38 @@ class FoveaDrafter(nn.Module):
         return self.target.get("image_token_id")
 
     def input_states(self, input_ids_BT: torch.Tensor, feature_BTD: torch.Tensor,
-                     visual_BPD: torch.Tensor | None = None, rank_BT: torch.Tensor | None = None) -> torch.Tensor:
+                     visual_BPD: torch.Tensor | None = None, rank_BT: torch.Tensor | None = None,
+                     visual_valid_BP: torch.Tensor | None = None) -> torch.Tensor:
         """fc([embed(token); feature]): the token is the one after the feature's position. Its
         embedding is the target's input embedding: the embedding row for text, and for an image
         placeholder the projected visual token it stands for (`visual_BPD[b, rank_BT[b, t]]`,
-        rank = which of the sample's image tokens it is; -1 or no visual: the plain row)."""
+        rank = which of the sample's image tokens it is; -1 or no visual: the plain row). Image
+        slots read what `cfg.visual_context` says (visual_context.py)."""
         e = self.embed_tokens(input_ids_BT).to(feature_BTD.dtype)
-        if visual_BPD is not None and rank_BT is not None and self.image_token_id is not None:
-            image_BT = (input_ids_BT == self.image_token_id) & (rank_BT >= 0)
-            if bool(image_BT.any()):
-                v = visual_BPD.to(e.dtype).gather(1, rank_BT.clamp(0, visual_BPD.shape[1] - 1)[..., None]
-                                                  .expand(-1, -1, e.shape[-1]))
-                e = torch.where(image_BT[..., None], v, e)
-        return self.fc(torch.cat([e, feature_BTD], dim=-1))
+        slots_BT = image_slots(input_ids_BT, rank_BT, self.image_token_id) if visual_BPD is not None else None
+        if slots_BT is None:
+            return self.fc(torch.cat([e, feature_BTD], dim=-1))
+        mode = self.cfg.visual_context
+        v_BTD = gather_ranks(visual_BPD.to(e.dtype), rank_BT)
+        if mode == "fused":
+            e = torch.where(slots_BT[..., None], v_BTD, e)
+        x = self.fc(torch.cat([e, feature_BTD], dim=-1))
+        if mode == "prefix":
+            return torch.where(slots_BT[..., None], self.visual_in(v_BTD), x)
+        if mode == "compressed":
+            summary_BTD = gather_ranks(self.compressor(visual_BPD, visual_valid_BP).to(x.dtype), rank_BT)
+            return torch.where(slots_BT[..., None], summary_BTD, x)
+        return x
+
+    def context_keep(self, input_ids_BT: torch.Tensor, rank_BT: torch.Tensor) -> torch.Tensor | None:
+        """(B, T) bool: positions later queries may attend to (None: all). Compressed context masks
+        the image slots past the summaries."""
+        if self.compressor is None:
+            return None
+        slots_BT = image_slots(input_ids_BT, rank_BT, self.image_token_id)
+        if slots_BT is None:
+            return None
+        return ~(slots_BT & (rank_BT >= self.cfg.num_queries))
 
     def blocks(self, x_BTD: torch.Tensor, position_ids_BT: torch.Tensor, attend_BTK: torch.Tensor,
                cache=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,7 +3,8 @@
 Draft step k = 1..train_depth (tree depth l = k - 1) at sequence index t:
 - step 1 reads [embed(x_{t+1}); f^T_t] (embed: the target's input embedding, the projected
   visual token at image placeholders) (target features, as the drafter's prefix does at
-  inference) and predicts the target state at t+1, i.e. scores x_{t+2};
+  inference) and predicts the target state at t+1, i.e. scores x_{t+2}; image slots read what
+  the drafter's visual_context says, and its masked slots are keys no step attends to;
 - step k >= 2 reads [embed(x_{t+k}); h^{(k-1)}_t], the drafter's own uncorrected state, and
   predicts the target state at t+k. Its queries see the step-1 keys at positions <= t (the cached
   prefix, up to the root) plus the keys of steps 2..k at the same t (its own draft chain) - exactly
@@ -71,8 +72,10 @@ def unroll(drafter: FoveaDrafter, batch: DraftBatch, depth: int) -> list[StepSta
     rank_BT = image_ranks(batch.input_ids_BT, drafter.image_token_id)
     out = []
     for k in range(1, depth + 1):
-        tokens_BT = _shift(batch.input_ids_BT, k)
-        x = drafter.input_states(tokens_BT, feature, batch.visual_BPD, _shift(rank_BT, k, -1))
+        tokens_BT, step_rank_BT = _shift(batch.input_ids_BT, k), _shift(rank_BT, k, -1)
+        x = drafter.input_states(tokens_BT, feature, batch.visual_BPD, step_rank_BT, batch.visual_valid_BP)
+        if k == 1 and (keep_BT := drafter.context_keep(tokens_BT, step_rank_BT)) is not None:
+            causal_BTT = causal_BTT & keep_BT[:, None, :]  # the prefix keys every step reads
         attend = torch.cat([causal_BTT] + [diag_BTT] * (k - 1), dim=-1)  # (B, T, k*T)
         h_BTD, first_BTD = drafter.blocks(x, (arange_T + k - 1).expand(B, T), attend, cache)
         feature = h_BTD  # the uncorrected state is fed back

@@ -1,5 +1,6 @@
 """jobs/benchmark.py on the tiny world: two settings (greedy and temperature 0.6), a method zoo
-(AR, PLD, SAM with ViSkip, Lookahead, Recycling, a FOVEA drafter), batch sizes 1 and 2 - the report
+(AR, PLD, SAM with ViSkip, Lookahead, Recycling, Medusa heads, a FOVEA and a compressed-context
+drafter), batch sizes 1 and 2 - the report
 has the Table-3 grid per setting, greedy outputs equal AR's, the high/low-visual split counts
 steps, plots exist; config mistakes fail before any work."""
 
@@ -15,6 +16,7 @@ import torch
 
 from jobs.benchmark import BenchmarkConfig, main
 from spec_core.fovea import FoveaDrafter
+from spec_core.medusa import MedusaHeads
 from spec_core.reference.tasks import TASKS, make_split
 from spec_core.reference.vlm.build import build_target
 from spec_core.targets import load_target
@@ -27,7 +29,11 @@ def world(tmp_path_factory):
     train = [s for t in TASKS for s in make_split(t, 4, 0, "train")]
     build_target("tiny", str(root / "target"), samples=train)
     torch.manual_seed(0)
-    FoveaDrafter.from_target(load_target(root / "target"), n_blocks=1).save_pretrained(root / "drafter")
+    target = load_target(root / "target")
+    FoveaDrafter.from_target(target, n_blocks=1).save_pretrained(root / "drafter")
+    FoveaDrafter.from_target(target, n_blocks=1, visual_correction=False,
+                             visual_context="compressed").save_pretrained(root / "compressed")
+    MedusaHeads.from_target(target).save_pretrained(root / "medusa")
     evals = [s for t in TASKS for s in make_split(t, 2, 0, "eval")]
     rows = manifest_rows(evals)
     (root / "eval").mkdir()
@@ -38,6 +44,8 @@ def world(tmp_path_factory):
 def _cfg(root: Path, out: Path, **extra) -> BenchmarkConfig:
     methods = {"ar": {"kind": "ar"}, "pld": {"kind": "pld"}, "sam_viskip": {"kind": "sam", "viskip": 0.35},
                "lookahead": {"kind": "lookahead"}, "recycling": {"kind": "recycling"},
+               "medusa": {"kind": "medusa", "drafter": str(root / "medusa"), "tree": {"budget": 12}},
+               "compressed": {"drafter": str(root / "compressed"), "tree": {"budget": 12}},
                "fovea": {"drafter": str(root / "drafter"), "tree": {"budget": 12}}}
     data = {"run": {"output_uri": str(out), "run_id": "b"}, "ray": {"num_cpus": 2},
             "data": {"manifest": str(root / "eval"), "shard_size": 6, "limit_per_source": None},
@@ -52,7 +60,7 @@ def test_benchmark_report_has_every_setting_method_and_subtask(world, ray_local,
     report = (run_dir / "report.md").read_text()
     for head in ("## greedy (temperature 0)", "## sampling at temperature 0.6", "**overall**", "high MAT"):
         assert head in report
-    for method in ("pld", "sam_viskip", "lookahead", "recycling", "fovea"):
+    for method in ("pld", "sam_viskip", "lookahead", "recycling", "medusa", "compressed", "fovea"):
         assert f"| {method} |" in report
         assert m["figures"][f"t0_{method}"]["speedup"] > 0
     for task in TASKS:
@@ -71,7 +79,7 @@ def test_benchmark_report_has_every_setting_method_and_subtask(world, ray_local,
 
 def test_config_mistakes_fail_first(world, tmp_path):
     with pytest.raises(ValueError, match="not in methods"):
-        _cfg(world, tmp_path, compare=["ar", "medusa"])
+        _cfg(world, tmp_path, compare=["ar", "eagle3"])
     with pytest.raises(ValueError, match="distinct"):
         _cfg(world, tmp_path, temperatures=[0.0, 0.0])
     with pytest.raises(FileNotFoundError, match="not a local drafter directory"):

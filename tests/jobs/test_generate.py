@@ -186,6 +186,8 @@ def test_config_mistakes_fail_before_any_work(world, tmp_path):
         load_config(GenerateConfig, None, ["compute.batch_size=4"])
     with pytest.raises(FileNotFoundError, match="not a local drafter directory"):
         main(_cfg(root, tmp_path, methods={"fovea": {"drafter": str(tmp_path / "nope")}}))
+    with pytest.raises(ValueError, match="kind medusa needs 'medusa-heads/1'"):  # a FOVEA drafter as Medusa heads
+        main(_cfg(root, tmp_path, methods={"ar": {"kind": "ar"}, "fovea": {"kind": "medusa", "drafter": str(root / "drafter")}}))
     with pytest.raises(FileNotFoundError, match="no manifest"):
         main(_cfg(root, tmp_path, data={"manifest": str(tmp_path / "empty")}))
 

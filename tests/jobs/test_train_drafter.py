@@ -53,23 +53,29 @@ def world(tmp_path_factory, s3_server, ray_local):
     return root / "target", m["figures"]["artifacts_uri"], len(samples)
 
 
-def _cfg(world, output_uri: str, **train) -> TrainDrafterConfig:
+def _cfg(world, output_uri: str, drafter: dict | None = None, **train) -> TrainDrafterConfig:
     target, art, _ = world
     return TrainDrafterConfig.model_validate({
         "run": {"output_uri": output_uri}, "ray": {"num_cpus": 2},
         "data": {"artifacts": art, "shuffle_buffer": 8}, "target": {"path": str(target)},
-        "drafter": FAST["drafter"], "train": {**FAST["train"], **train},
+        "drafter": {**FAST["drafter"], **(drafter or {})}, "train": {**FAST["train"], **train},
         "compute": {"num_workers": 2, "cpus_per_worker": 0.5}})
 
 
 def test_config_sections_mirror_spec_core():
     from spec_core.fovea import FoveaConfig, LossConfig
+    from spec_core.medusa import MedusaConfig
 
-    for section, dc, changed in ((DrafterSection, FoveaConfig, {"n_blocks"}), (LossSection, LossConfig, set())):
-        ours = section().model_dump()
+    medusa = {"medusa_heads": "num_heads", "medusa_layers": "num_layers"}
+    for section, dc, changed, extra in ((DrafterSection, FoveaConfig, {"n_blocks"}, {"kind", *medusa}),
+                                        (LossSection, LossConfig, set(), set())):
+        ours = {k: v for k, v in section().model_dump().items() if k not in extra}
         theirs = {f.name: f.default for f in dataclasses.fields(dc)}
         assert set(ours) == set(theirs)
         assert {k for k in ours if ours[k] != theirs[k]} == changed  # n_blocks: 1 for the reference world
+    defaults = {f.name: f.default for f in dataclasses.fields(MedusaConfig)}
+    assert {mine: DrafterSection().model_dump()[mine] for mine in medusa} == {m: defaults[t] for m, t in medusa.items()}
+    assert DrafterSection(kind="medusa", medusa_heads=2).medusa_config() == MedusaConfig(num_heads=2)
 
 
 def test_a_local_cluster_too_small_for_workers_and_data_is_refused(tmp_path):
@@ -108,7 +114,7 @@ def test_ray_dataset_attaches_each_rows_image(world):
 def test_two_workers_learn_and_write_checkpoints_and_drafter_to_s3(world, s3_bucket, tmp_path):
     import torch
 
-    from spec_core.fovea import FoveaConfig, FoveaDrafter
+    from spec_core.fovea import FoveaDrafter
     from spec_core.targets import load_target
 
     cfg = _cfg(world, f"{s3_bucket}/spec", epochs=2, checkpoint_every=4)  # 12 updates per epoch
@@ -132,9 +138,39 @@ def test_two_workers_learn_and_write_checkpoints_and_drafter_to_s3(world, s3_buc
     adapter = load_target(world[0])
     drafter = FoveaDrafter.from_pretrained(local, adapter)
     torch.manual_seed(cfg.train.seed)  # the workers' initial drafter
-    fresh = FoveaDrafter.from_target(adapter, FoveaConfig(**cfg.drafter.model_dump()))
+    fresh = FoveaDrafter.from_target(adapter, cfg.drafter.fovea_config())
     assert drafter.cfg == fresh.cfg and not torch.equal(drafter.fc.weight, fresh.fc.weight)  # trained
     assert torch.equal(drafter.lm_head.weight, adapter.lm_head.weight)  # frozen
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.parametrize("drafter", [{"kind": "medusa", "medusa_heads": 2},
+                                     {"visual_correction": False, "visual_context": "compressed"}])
+def test_the_other_drafter_kinds_learn_and_load(world, tmp_path, drafter):
+    """Medusa heads and a compressed-context feature drafter, through the same DeepSpeed loop."""
+    import torch
+
+    from spec_core.decoding import load_drafter
+    from spec_core.fovea import FoveaDrafter
+    from spec_core.medusa import MedusaHeads
+    from spec_core.targets import load_target
+
+    cfg = _cfg(world, str(tmp_path / "out"), drafter=drafter, epochs=2, checkpoint_every=0)
+    f = main(cfg)["figures"]
+    run = Path(cfg.run_dir("train_drafter"))
+    log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    first, last = sum(r["loss"] for r in log[:4]) / 4, sum(r["loss"] for r in log[-4:]) / 4
+    assert last < 0.9 * first, (first, last)
+    assert len(f["top1_per_depth"]) == cfg.drafter.steps_logged
+    adapter = load_target(world[0])
+    model = load_drafter(run / "drafter", adapter)
+    if drafter.get("kind") == "medusa":
+        assert isinstance(model, MedusaHeads) and model.cfg.num_heads == 2
+        assert set(f["final_terms"]) == {"ce"}
+        assert not torch.equal(model.heads[0].weight, adapter.lm_head.weight)  # trained
+    else:
+        assert isinstance(model, FoveaDrafter) and model.compressor is not None and model.correction is None
 
 
 @pytest.mark.slow

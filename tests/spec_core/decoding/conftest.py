@@ -25,10 +25,8 @@ def prompt_inputs(processor, sample: dict, turns: int = 1) -> dict:
     return dict(processor(text=text, images=image, add_special_tokens=False, return_tensors="pt"))
 
 
-def train_drafter(adapter, processor, samples: list[dict], steps: int, seed: int = 0, **cfg) -> FoveaDrafter:
-    """A few hundred steps on the target's own greedy answers (self-distillation, no mid states)."""
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
+def self_distill_data(adapter, processor, samples: list[dict]) -> list[DraftSample]:
+    """Artifacts of the target's own greedy answers (no mid states)."""
     data = []
     for s in samples:
         inputs = prompt_inputs(processor, s)
@@ -40,24 +38,38 @@ def train_drafter(adapter, processor, samples: list[dict], steps: int, seed: int
         loss[T0:] = True
         data.append(DraftSample(seq[0], loss, out.final_hidden_BTD[0], torch.zeros_like(out.final_hidden_BTD[0]),
                                 torch.zeros_like(loss), out.visual_BPD[0][out.visual_valid_BP[0]]))
-    drafter = FoveaDrafter.from_target(adapter, **{"n_blocks": 1, "k_min": 2, "k_max": 8, **cfg})
-    opt = torch.optim.AdamW(drafter.trainable_parameters(), lr=3e-3)
+    return data
+
+
+def fit(model, loss_fn, data: list[DraftSample], steps: int, seed: int = 0):
+    """`steps` AdamW updates on random batches of 8."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.trainable_parameters(), lr=3e-3)
     for _ in range(steps):
-        out = drafter_loss(drafter, collate(rng.sample(data, min(8, len(data)))))
+        out = loss_fn(model, collate(rng.sample(data, min(8, len(data)))))
         opt.zero_grad()
         out.loss.backward()
         opt.step()
-    return drafter.eval()
+    return model.eval()
+
+
+def train_drafter(adapter, data: list[DraftSample], steps: int, seed: int = 0, **cfg) -> FoveaDrafter:
+    """A few hundred steps on the target's own greedy answers (self-distillation)."""
+    torch.manual_seed(seed)
+    drafter = FoveaDrafter.from_target(adapter, **{"n_blocks": 1, "k_min": 2, "k_max": 8, **cfg})
+    return fit(drafter, drafter_loss, data, steps, seed)
 
 
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory):
-    """(adapter, processor, drafter, eval samples) on the tiny reference world."""
+    """(adapter, processor, drafter, eval samples, training artifacts) on the tiny reference world."""
     root = tmp_path_factory.mktemp("decoding")
     train = [s for t in TASKS for s in make_split(t, 6, 0, "train")]
     build_target("tiny", str(root / "target"), samples=train)
     adapter = load_target(root / "target")
     processor = AutoProcessor.from_pretrained(root / "target")
-    drafter = train_drafter(adapter, processor, train, steps=250)
+    data = self_distill_data(adapter, processor, train)
+    drafter = train_drafter(adapter, data, steps=250)
     evals = [s for t in TASKS for s in make_split(t, 4, 0, "eval")]
-    return adapter, processor, drafter, evals
+    return adapter, processor, drafter, evals, data

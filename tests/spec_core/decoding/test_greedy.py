@@ -10,6 +10,7 @@ from spec_core.decoding import DecodeEngine, Request, TreeConfig, ar_generate, s
 from spec_core.decoding.cache import dynamic_cache_kv
 from spec_core.fovea import FoveaDrafter
 from spec_core.fovea.unroll import image_ranks
+from spec_core.medusa import MedusaHeads
 from spec_core.targets import adapter_for
 from tests.spec_core.decoding.conftest import prompt_inputs
 from tests.spec_core.targets.conftest import build_llava_next, build_qwen, llava_next_batch, qwen_batch
@@ -21,7 +22,7 @@ def hf_greedy(model, inputs, max_new_tokens):
 
 
 def test_speculative_and_ar_equal_hf_generate_on_the_tiny_world(tiny_world):
-    adapter, processor, drafter, evals = tiny_world
+    adapter, processor, drafter, evals, _ = tiny_world
     accepts, eos_inside = [], 0
     eos = set(adapter.model.generation_config.eos_token_id)
     for s in evals:
@@ -40,7 +41,7 @@ def test_speculative_and_ar_equal_hf_generate_on_the_tiny_world(tiny_world):
 
 
 def test_max_new_tokens_reached_mid_path(tiny_world):
-    adapter, processor, drafter, evals = tiny_world
+    adapter, processor, drafter, evals, _ = tiny_world
     for s in evals[:6]:
         inputs = prompt_inputs(processor, s)
         for n in (1, 2, 3, 5, 8):
@@ -51,7 +52,7 @@ def test_max_new_tokens_reached_mid_path(tiny_world):
 @pytest.mark.parametrize("tree", [TreeConfig(), TreeConfig(width=2, depth=3, budget=4), TreeConfig(width=1, depth=1, budget=1),
                                   TreeConfig(step_tokens=8)])  # trees shrink while 3 samples share a step
 def test_batched_decoding_gives_each_sample_its_batch1_output(tiny_world, tree):
-    adapter, processor, drafter, evals = tiny_world
+    adapter, processor, drafter, evals, _ = tiny_world
     samples = evals[::3]  # prompts of different lengths, over all tasks
     alone = {s["id"]: speculative_generate(adapter.model, drafter, prompt_inputs(processor, s), 30,
                                            width=tree.width, depth=tree.depth, budget=tree.budget,
@@ -67,24 +68,30 @@ def test_batched_decoding_gives_each_sample_its_batch1_output(tiny_world, tree):
 
 
 def _fresh_kv(adapter, drafter, inputs, committed):
-    """Target and drafter KV of a fresh prefill of prompt + committed[:-1] (the root is not cached)."""
+    """Target and drafter KV of a fresh prefill of prompt + committed[:-1] (the root is not cached),
+    and the root state (Medusa heads: the target's last state)."""
     ids = torch.cat([inputs["input_ids"], torch.tensor([committed[:-1]], dtype=torch.long)], 1)
     full = {**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
     cache = DynamicCache()
     out = adapter.prefill(full, cache=cache)
+    if isinstance(drafter, MedusaHeads):
+        return dynamic_cache_kv(cache), [], out.final_hidden_BTD[0, -1]
     T = ids.shape[1]
     dcache = DynamicCache()
     tokens = torch.cat([ids[:, 1:], torch.tensor([[committed[-1]]])], 1)
     ranks = torch.cat([image_ranks(ids, drafter.image_token_id)[:, 1:], torch.tensor([[-1]])], 1)
-    x = drafter.input_states(tokens, out.final_hidden_BTD, out.visual_BPD, ranks)
-    h, _ = drafter.blocks(x, torch.arange(T)[None], torch.ones(T, T, dtype=torch.bool).tril()[None], dcache)
+    x = drafter.input_states(tokens, out.final_hidden_BTD, out.visual_BPD, ranks, out.visual_valid_BP)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None]
+    if (keep := drafter.context_keep(tokens, ranks)) is not None:
+        causal = causal & keep[:, None, :]
+    h, _ = drafter.blocks(x, torch.arange(T)[None], causal, dcache)
     return dynamic_cache_kv(cache), dynamic_cache_kv(dcache), h[0, -1]
 
 
-def test_caches_after_each_step_equal_a_fresh_prefill(tiny_world):
-    adapter, processor, drafter, evals = tiny_world
+def check_caches_against_fresh_prefills(adapter, processor, drafter, samples) -> int:
+    """Decode two samples step by step; after each step the caches and root states equal those of a
+    fresh prefill of the committed sequence. Returns the number of (step, sample) checks."""
     engine = DecodeEngine(adapter, drafter, batch_size=2, capacity=256)  # no EOS: several steps each
-    samples = [evals[8], evals[16]]  # a caption and a reasoning answer: long
     for b, s in enumerate(samples):
         assert engine._admit(b, Request(prompt_inputs(processor, s), 24, s["id"])) is None
     checked = 0
@@ -100,11 +107,17 @@ def test_caches_after_each_step_equal_a_fresh_prefill(tiny_world):
                 assert k.shape[-2] == n
                 torch.testing.assert_close(rk, k[0], atol=2e-5, rtol=1e-4)
                 torch.testing.assert_close(rv, v[0], atol=2e-5, rtol=1e-4)
-            for (k, v), (rk, rv) in zip(drafter_kv, engine.dcache.row_prefix(b, n)):
+            for (k, v), (rk, rv) in zip(drafter_kv, engine.dcache.row_prefix(b, n) if drafter_kv else []):
                 torch.testing.assert_close(rk, k[0], atol=2e-5, rtol=1e-4)
             torch.testing.assert_close(engine.root_h_BD[b], root_h, atol=2e-5, rtol=1e-4)
             checked += 1
-    assert checked >= 4
+    return checked
+
+
+def test_caches_after_each_step_equal_a_fresh_prefill(tiny_world):
+    adapter, processor, drafter, evals, _ = tiny_world
+    # a caption and a reasoning answer: long
+    assert check_caches_against_fresh_prefills(adapter, processor, drafter, [evals[8], evals[16]]) >= 4
 
 
 @pytest.mark.parametrize("build,batch", [(build_llava_next, llava_next_batch), (build_qwen, qwen_batch)])

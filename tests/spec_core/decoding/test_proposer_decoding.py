@@ -32,7 +32,7 @@ def _run(adapter, processor, samples, batch, tree, eos, factory=None, max_new=MA
 
 @pytest.mark.parametrize("name", ["pld", "sam", "lookahead", "recycling"])
 def test_greedy_equals_hf_generate_batched_and_alone(tiny_world, name):
-    adapter, processor, _, evals = tiny_world
+    adapter, processor, _, evals, _ = tiny_world
     factory, tree = _methods(adapter.model.config.text_config.vocab_size)[name]
     eos = adapter.model.generation_config.eos_token_id
     refs = {s["id"]: hf_greedy(adapter.model, prompt_inputs(processor, s), MAX_NEW) for s in evals}  # six tasks
@@ -45,7 +45,7 @@ def test_greedy_equals_hf_generate_batched_and_alone(tiny_world, name):
 def test_long_outputs_accept_drafts_and_equal_ar(tiny_world, name):
     """Past its EOS the tiny target loops, which history-based drafts catch: multi-token steps,
     still token-identical to AR on the same engine (itself equal to HF generate)."""
-    adapter, processor, _, evals = tiny_world
+    adapter, processor, _, evals, _ = tiny_world
     factory, tree = _methods(adapter.model.config.text_config.vocab_size)[name]
     samples = evals[::4]
     ar = _run(adapter, processor, samples, 2, TreeConfig(), (), None, 96)
@@ -57,7 +57,7 @@ def test_long_outputs_accept_drafts_and_equal_ar(tiny_world, name):
 
 
 def test_a_drafter_and_a_proposer_are_exclusive(tiny_world):
-    adapter, _, drafter, _ = tiny_world
+    adapter, _, drafter, _, _ = tiny_world
     with pytest.raises(ValueError, match="not both"):
         DecodeEngine(adapter, drafter, proposer=PromptLookup)
 
@@ -65,7 +65,7 @@ def test_a_drafter_and_a_proposer_are_exclusive(tiny_world):
 def test_sampling_with_a_proposer_is_reproducible(tiny_world):
     from spec_core.decoding import SamplingConfig
 
-    adapter, processor, _, evals = tiny_world
+    adapter, processor, _, evals, _ = tiny_world
     outs = []
     for _ in range(2):
         engine = DecodeEngine(adapter, batch_size=2, capacity=512, tree=TreeConfig(budget=10), proposer=SuffixAutomaton,

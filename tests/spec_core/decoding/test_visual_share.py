@@ -33,7 +33,7 @@ def eager_share(adapter, inputs: dict, committed: list[int]) -> float:
 
 
 def test_shares_equal_an_eager_forward(tiny_world):
-    adapter, processor, drafter, evals = tiny_world
+    adapter, processor, drafter, evals, _ = tiny_world
     for s in (evals[8], evals[16]):
         inputs = prompt_inputs(processor, s)
         engine = DecodeEngine(adapter, drafter, capacity=256, track_visual=True)
@@ -49,7 +49,7 @@ def test_shares_equal_an_eager_forward(tiny_world):
 
 @pytest.mark.parametrize("tau", [0.0, 0.2, 0.35, 1.01])
 def test_viskip_never_changes_outputs(tiny_world, tau):
-    adapter, processor, drafter, evals = tiny_world
+    adapter, processor, drafter, evals, _ = tiny_world
     eos = adapter.model.generation_config.eos_token_id
     refs = {s["id"]: hf_greedy(adapter.model, prompt_inputs(processor, s), MAX_NEW) for s in evals}
     for kw in (dict(drafter=drafter), dict(proposer=SuffixAutomaton, tree=TreeConfig(budget=10))):
@@ -65,7 +65,7 @@ def test_viskip_never_changes_outputs(tiny_world, tau):
 
 
 def test_viskip_with_a_drafter_skips_some_steps_and_drafts_others(tiny_world):
-    adapter, processor, drafter, evals = tiny_world
+    adapter, processor, drafter, evals, _ = tiny_world
     engine = DecodeEngine(adapter, drafter, capacity=256, track_visual=True)
     shares = [v for s in evals for v in next(iter(engine.generate([Request(prompt_inputs(processor, s), MAX_NEW)]))).visual_shares]
     tau = sorted(shares)[len(shares) // 2]  # the median: about half the steps skip

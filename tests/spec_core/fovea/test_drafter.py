@@ -117,3 +117,30 @@ def test_cached_blocks_equal_one_full_causal_pass(llava_adapter):
         h, _ = d.blocks(x[:, t:t + 1], pos[:, t:t + 1], torch.ones(1, 1, t + 1, dtype=torch.bool), cache)
         outs.append(h)
     torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_prefix_context_reads_raw_visual_tokens_and_compressed_reads_query_summaries(llava_adapter):
+    img = llava_adapter.image_token_id
+    ids = torch.tensor([[5, img, img, img, 7]])
+    ranks = image_ranks(ids, img)
+    visual, feat = torch.randn(1, 3, 32), torch.randn(1, 5, 32)
+    fused = drafter_for(llava_adapter).input_states(ids, feat, visual, ranks)
+    d = drafter_for(llava_adapter, visual_context="prefix")
+    got = d.input_states(ids, feat, visual, ranks)
+    torch.testing.assert_close(got[0, 1:4], d.visual_in(visual[0]))      # no target feature in image slots
+    text = d.fc(torch.cat([d.embed_tokens(ids), feat], -1))
+    torch.testing.assert_close(got[0, [0, 4]], text[0, [0, 4]])           # text slots as always
+    assert not torch.allclose(got, fused)
+    assert d.context_keep(ids, ranks) is None
+
+    c = drafter_for(llava_adapter, visual_context="compressed", num_queries=2)
+    got = c.input_states(ids, feat, visual, ranks)
+    summary = c.compressor(visual)
+    torch.testing.assert_close(got[0, 1:3], summary[0])                   # slot r < Q: summary r
+    assert c.context_keep(ids, ranks).tolist() == [[True, True, True, False, True]]
+    # the summaries read every valid visual token and none of the padding
+    padded = torch.cat([visual, torch.randn(1, 2, 32)], 1)
+    torch.testing.assert_close(c.compressor(padded, torch.tensor([[True] * 3 + [False] * 2])), summary)
+    assert not torch.allclose(c.compressor(visual * 2), summary)
+    with pytest.raises(ValueError, match="visual_context"):
+        drafter_for(llava_adapter, visual_context="insert")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -9,14 +10,18 @@ from spec_core.fovea.unroll import image_ranks, unroll
 from tests.spec_core.fovea.conftest import drafter_for, synthetic_batch
 
 
-def test_unrolled_states_equal_an_incremental_draft_chain(llava_adapter):
-    d = drafter_for(llava_adapter, visual_correction=False).eval()
+@pytest.mark.parametrize("context", ["fused", "prefix", "compressed"])
+def test_unrolled_states_equal_an_incremental_draft_chain(llava_adapter, context):
+    d = drafter_for(llava_adapter, visual_correction=False, visual_context=context).eval()
     batch = synthetic_batch(32, lengths=(12,), answer=5, n_visual=(4,))
     batch.input_ids_BT[0, 2:6] = d.image_token_id  # an image: its inputs are the visual tokens
     T, depth = 12, 3
     steps = unroll(d, batch, depth)
     ids, feat = batch.input_ids_BT[0], batch.final_BTD[0]
     ranks = image_ranks(batch.input_ids_BT, d.image_token_id)[0]
+    keep = d.context_keep(ids[1:][None], ranks[1:][None])  # compressed: image slots past 2 masked
+    keep = torch.ones(1, T - 1, dtype=torch.bool) if keep is None else keep
+    assert keep.sum() == T - 1 - (2 if context == "compressed" else 0)
     for s in steps:
         k = s.step
         sup = [t for t in range(T - k - 1) if batch.loss_mask_BT[0, t + k + 1]]
@@ -25,14 +30,14 @@ def test_unrolled_states_equal_an_incremental_draft_chain(llava_adapter):
             # the prefix 0..t with target features (the drafter's cache at inference) ...
             cache = DynamicCache()
             x = d.input_states(ids[1: t + 2][None], feat[: t + 1][None], batch.visual_BPD, ranks[1: t + 2][None])
-            causal = torch.ones(t + 1, t + 1, dtype=torch.bool).tril()[None]
+            causal = torch.ones(t + 1, t + 1, dtype=torch.bool).tril()[None] & keep[:, None, : t + 1]
             h, _ = d.blocks(x, torch.arange(t + 1)[None], causal, cache)
             h = h[:, -1:]
             # ... then the draft chain, one node per call, feeding back its own state
             for j in range(2, k + 1):
                 x = d.input_states(ids[t + j: t + j + 1][None], h, batch.visual_BPD, ranks[t + j: t + j + 1][None])
-                keys = t + j
-                h, _ = d.blocks(x, torch.tensor([[t + j - 1]]), torch.ones(1, 1, keys, dtype=torch.bool), cache)
+                attend = torch.cat([keep[:, : t + 1], torch.ones(1, j - 1, dtype=torch.bool)], 1)[:, None]
+                h, _ = d.blocks(x, torch.tensor([[t + j - 1]]), attend, cache)
             torch.testing.assert_close(s.draft_ND[row], h[0, 0], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(s.target_ND[row], feat[t + k])
 

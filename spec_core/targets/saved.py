@@ -1,0 +1,50 @@
+"""Self-contained model directories of modules trained for a target (drafters, Medusa heads):
+config.json (format tag, the module's own config, the target's identity) + model.safetensors.
+Loading never unpickles, and checks the target's sizes when a target is given.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+
+def save_module(module: nn.Module, directory: str | Path, fmt: str, meta: dict) -> None:
+    """Write `module`'s full state (frozen copies included) and {"format": fmt, **meta}."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": fmt})
+    (out / "config.json").write_text(json.dumps({"format": fmt, **meta}, indent=2, default=str))
+
+
+def saved_format(directory: str | Path) -> str | None:
+    """The format tag of a saved directory (None when it has none)."""
+    return json.loads((Path(directory) / "config.json").read_text()).get("format")
+
+
+def read_meta(directory: str | Path, fmt: str, what: str, target_model=None) -> dict:
+    """config.json of a directory of format `fmt` (`what`: its name in errors); with `target_model` (HF VLM or adapter), check
+    that it has the hidden and vocabulary sizes recorded under "target"."""
+    src = Path(directory)
+    meta = json.loads((src / "config.json").read_text())
+    if meta.get("format") != fmt:
+        raise ValueError(f"{src} is not a {what} directory (format {meta.get('format')!r}, expected {fmt!r})")
+    if target_model is not None:
+        text = getattr(target_model, "text_config", None) or target_model.config.text_config
+        mine = {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size}
+        recorded = {k: meta["target"].get(k) for k in mine}
+        if mine != recorded:
+            raise ValueError(f"{what} {src} was trained for a target with {recorded}, this target has {mine}")
+    return meta
+
+
+def load_state(module: nn.Module, directory: str | Path, dtype_key: str) -> nn.Module:
+    """Load model.safetensors strictly (a mismatch raises, naming the keys); cast the module to
+    the dtype of tensor `dtype_key`."""
+    state = load_file(str(Path(directory) / "model.safetensors"))
+    module.load_state_dict(state, strict=True)
+    return module.to(state[dtype_key].dtype)
