@@ -105,6 +105,7 @@ def main(cfg: BenchmarkConfig) -> dict:
               "turns": g["counts"].get("turns", 0), "tasks": tasks, "throughput": throughput,
               "per_sample": br.per_sample_speedup(metrics, cfg.compare, baseline),
               "visual": br.visual_split(metrics, cfg.compare, cfg.visual_threshold),
+              "bootstrap": br.bootstrap_speedups(metrics, cfg.compare, baseline, seed=cfg.seed),
               "mismatches": sum(g["figures"].get(f"{m}_mismatches") or 0 for m in cfg.compare[1:]),
               "generate_run": gdir, "plots": []}
         tag = f"t{t:g}"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 from collections import defaultdict
 
+import numpy as np
+
 from jobs.lib.generate_report import _PLOT_LOCK, ALL, _f
 
 TASK_ORDER = ("general_vqa", "text_vqa", "captioning", "chart_vqa", "reasoning", "multi_turn")
@@ -28,6 +30,32 @@ def per_sample_speedup(metrics: list[dict], methods: list[str], baseline: str) -
         ratios = [lat[baseline][i] / t for i, t in lat[m].items() if t > 0 and i in lat[baseline]]
         out[m] = sum(ratios) / len(ratios) if ratios else None
     return out
+
+
+def bootstrap_speedups(metrics: list[dict], methods: list[str], baseline: str, n: int = 1000,
+                       seed: int = 0) -> dict:
+    """Sampling noise of the overall speedup (total AR time / total method time): resample the
+    samples with replacement `n` times (all of a sample's turns together, the same resample for
+    every method: paired). Returns {"interval": method -> 95% interval of its speedup, "best": the
+    method of the highest speedup, "gap": method -> 95% interval of its speedup minus the best's}."""
+    lat: dict[str, dict[str, float]] = {m: defaultdict(float) for m in methods}
+    for r in metrics:
+        if r["method"] in lat:
+            lat[r["method"]][r["id"]] += r["latency_s"]
+    ids = sorted(set.intersection(*(set(lat[m]) for m in methods))) if methods else []
+    others = [m for m in methods if m != baseline]
+    if not ids or not others:
+        return {"interval": {}, "best": None, "gap": {}}
+    lat_SM = np.array([[lat[m][i] for m in methods] for i in ids])
+    pick_NS = np.random.default_rng(seed).integers(0, len(ids), size=(n, len(ids)))
+    tot_NM = lat_SM[pick_NS].sum(axis=1)
+    speed_NM = tot_NM[:, [methods.index(baseline)]] / tot_NM
+    point_M = lat_SM[:, methods.index(baseline)].sum() / lat_SM.sum(axis=0)
+    col = {m: methods.index(m) for m in others}
+    best = max(others, key=lambda m: point_M[col[m]])
+    q = lambda x: tuple(float(v) for v in np.quantile(x, [0.025, 0.975]))  # noqa: E731
+    return {"interval": {m: q(speed_NM[:, col[m]]) for m in others}, "best": best,
+            "gap": {m: q(speed_NM[:, col[m]] - speed_NM[:, col[best]]) for m in others if m != best}}
 
 
 def visual_split(metrics: list[dict], methods: list[str], threshold: float) -> dict[str, dict]:
@@ -50,11 +78,14 @@ def _tasks(tasks: dict) -> list[str]:
     return known + sorted(t for t in tasks if t not in known and t != ALL) + ([ALL] if ALL in tasks else [])
 
 
-def table3(tasks: dict, per_sample: dict, methods: list[str], baseline: str) -> list[str]:
-    """Markdown: rows are methods, columns subtasks + overall, cells 'MAT speedup'."""
+def table3(tasks: dict, per_sample: dict, methods: list[str], baseline: str,
+           interval: dict | None = None) -> list[str]:
+    """Markdown: rows are methods, columns subtasks + overall, cells 'MAT speedup', then the
+    overall speedup's 95% bootstrap interval and the mean per-sample speedup."""
     cols = _tasks(tasks)
+    interval = interval or {}
     lines = ["| method | " + " | ".join(c if c != ALL else "**overall**" for c in cols) +
-             " | mean per-sample speedup |", "|" + "---|" * (len(cols) + 2)]
+             " | overall speedup 95% | mean per-sample speedup |", "|" + "---|" * (len(cols) + 3)]
     for m in methods:
         if m == baseline:
             continue
@@ -62,7 +93,8 @@ def table3(tasks: dict, per_sample: dict, methods: list[str], baseline: str) -> 
         for c in cols:
             row = tasks[c].get(m, {})
             cells.append(f"{_f(row.get('mat'))} {_f(row.get('speedup'))}x")
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {_f(per_sample.get(m))}x |")
+        lo, hi = interval.get(m, (None, None))
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {_f(lo)}-{_f(hi)} | {_f(per_sample.get(m))}x |")
     return lines
 
 
@@ -122,7 +154,14 @@ def render(settings: list[dict], methods: list[str], baseline: str, threshold: f
                   "drafts per step, bonus excluded) and speedup (total AR time / total method time). "
                   f"Lossless check: {st['mismatches']} outputs differ from `{baseline}`"
                   + (" (sampling: not expected to match)" if st["sampled"] else "") + ".", ""]
-        lines += table3(st["tasks"], st["per_sample"], methods, baseline)
+        boot = st.get("bootstrap") or {}
+        lines += table3(st["tasks"], st["per_sample"], methods, baseline, boot.get("interval"))
+        if boot.get("best"):
+            gaps = boot["gap"]
+            near = [m for m, (lo, hi) in gaps.items() if lo <= 0 <= hi]
+            lines += ["", f"Fastest overall: **{boot['best']}**. Speedup gap to it, 95% paired bootstrap over samples: "
+                      + ", ".join(f"{m} {_f(lo)} to {_f(hi)}" for m, (lo, hi) in gaps.items())
+                      + f". Within noise of it (interval holds 0): {', '.join(near) if near else 'none'}."]
         tau = {m: st["tasks"].get(ALL, {}).get(m, {}).get("tau") for m in methods if m != baseline}
         lines += ["", "tau (tokens per step, bonus included) overall: " +
                   ", ".join(f"{m} {_f(v)}" for m, v in tau.items()), ""]
