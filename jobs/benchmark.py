@@ -10,8 +10,14 @@ samples each, like MMSpec's 600; MMSpec's own jsonl goes through build_manifests
 pool: batch 1 per sample, methods interleaved, warm-up excluded, then every batch size as a
 continuous-batching stream; each step's visual-attention share is recorded. The benchmark's run
 directory gets report.md with a Table-3-shaped grid (MAT and speedup per subtask and overall),
-mean per-sample speedups, throughput per batch size, acceptance on high- vs low-visual steps, and
-PNG plots; metrics.json holds every figure. The generate runs stay under
+95% paired-bootstrap intervals of the overall speedups (and which methods are within noise of the
+fastest), mean per-sample speedups, throughput per batch size, acceptance on high- vs low-visual
+steps, and PNG plots; metrics.json holds every figure.
+
+The zoo (`methods`): AR; training-free PLD, SAM, Lookahead, Token Recycling (MMSpec Table 6);
+trained on the same precompute artifacts by train_drafter - Medusa heads, the EAGLE-2-style drafter
+(no visual correction), the MSD-style `prefix` and ViSpec-style `compressed` visual contexts, and
+FOVEA; ViSkip on any of them. The generate runs stay under
 <output>/generate/<run_id>-t<temperature>/ (a rerun resumes them).
 """
 
