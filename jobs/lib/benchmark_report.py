@@ -19,12 +19,18 @@ from jobs.lib.generate_report import _PLOT_LOCK, ALL, _f
 TASK_ORDER = ("general_vqa", "text_vqa", "captioning", "chart_vqa", "reasoning", "multi_turn")
 
 
-def per_sample_speedup(metrics: list[dict], methods: list[str], baseline: str) -> dict[str, float | None]:
-    """method -> mean over samples of (AR latency / method latency), all turns of a sample summed."""
+def _sample_latency(metrics: list[dict], methods: list[str]) -> dict[str, dict[str, float]]:
+    """method -> sample id -> latency summed over the sample's turns."""
     lat: dict[str, dict[str, float]] = {m: defaultdict(float) for m in methods}
     for r in metrics:
         if r["method"] in lat:
             lat[r["method"]][r["id"]] += r["latency_s"]
+    return lat
+
+
+def per_sample_speedup(metrics: list[dict], methods: list[str], baseline: str) -> dict[str, float | None]:
+    """method -> mean over samples of (AR latency / method latency), all turns of a sample summed."""
+    lat = _sample_latency(metrics, methods)
     out = {}
     for m in methods:
         ratios = [lat[baseline][i] / t for i, t in lat[m].items() if t > 0 and i in lat[baseline]]
@@ -38,10 +44,7 @@ def bootstrap_speedups(metrics: list[dict], methods: list[str], baseline: str, n
     samples with replacement `n` times (all of a sample's turns together, the same resample for
     every method: paired). Returns {"interval": method -> 95% interval of its speedup, "best": the
     method of the highest speedup, "gap": method -> 95% interval of its speedup minus the best's}."""
-    lat: dict[str, dict[str, float]] = {m: defaultdict(float) for m in methods}
-    for r in metrics:
-        if r["method"] in lat:
-            lat[r["method"]][r["id"]] += r["latency_s"]
+    lat = _sample_latency(metrics, methods)
     ids = sorted(set.intersection(*(set(lat[m]) for m in methods))) if methods else []
     others = [m for m in methods if m != baseline]
     if not ids or not others:

@@ -327,8 +327,8 @@ class DecodeEngine:
         chosen_BM = choose_tokens(logits_BMV, self.sampling, self.gen)
         path_BD, n_B = walk(tree, chosen_BM)
         path, n, chosen = path_BD.tolist(), n_B.tolist(), chosen_BM.tolist()
-        # the state that produced the next root: the last accepted node
-        last_B = torch.tensor([path[b][n[b] - 1] if n[b] else 0 for b in range(self.B)], device=self.device)
+        if self.medusa or self.probe is not None:  # the state that produced the next root: the last accepted node
+            last_B = torch.tensor([path[b][n[b] - 1] if n[b] else 0 for b in range(self.B)], device=self.device)
         if self.medusa:
             self.root_h_BD = hidden_BMD[torch.arange(self.B, device=self.device), last_B].to(self.root_h_BD.dtype)
         if self.probe is not None:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from spec_core.decoding.draft import _MAX_LOGP
 from spec_core.decoding.tree import DraftTree, TreeConfig, select_tree
 from spec_core.medusa.heads import MedusaHeads
-
-_MAX_LOGP = -1e-9  # scores fall strictly along a path (an ancestor-closed top-`budget` set)
 
 
 @torch.no_grad()
