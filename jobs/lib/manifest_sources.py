@@ -14,12 +14,11 @@ import os
 import string
 from typing import Annotated, Any, Literal, Union
 
-import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from jobs.lib.config import Strict
-from jobs.lib.storage import Storage, join, scheme_of
+from jobs.lib.storage import Storage, _s3_kwargs, join, scheme_of
 from spec_core.reference.tasks import IMAGE_TOKEN
 
 ERROR_KEY = "__manifest_error__"  # key of a record that could not even be parsed (a bad JSONL line)
@@ -69,37 +68,69 @@ class PromptsConversation(Strict):
 
 
 class QAConversation(Strict):
-    """question (+ lettered choices + suffix) -> one user turn; answer (if named) -> assistant."""
+    """[context line +] question (+ lettered choices + suffix) -> one user turn; answer (if named)
+    -> assistant. The layout of lmms-eval's / LLaVA's ScienceQA prompt: "Context: {hint}\n" first
+    (left out when empty), then the question, "A. ..." lines and the suffix."""
 
     kind: Literal["qa"]
     question: str = "question"
+    context: str | None = None  # e.g. ScienceQA's `hint`
+    context_format: str = "Context: {context}"
     answer: str | None = None
+    # An integer answer is an index into the choices (ScienceQA's `answer: 2`): `letter` -> the
+    # option's letter as the prompt letters it ("C"), `text` -> the option's text, `raw` -> "2".
+    # Any other answer (a letter, free text, a number when no `choices` are named) is kept as is.
+    answer_format: Literal["letter", "text", "raw"] = "letter"
     choices: str | None = None  # a list (lettered A, B, ...) or a {letter: text} mapping
     choice_format: str = "{letter}. {text}"
     suffix: str = ""  # own last line, e.g. "Answer with the option's letter from the given choices directly."
+
+    @model_validator(mode="after")
+    def _index_needs_choices(self) -> QAConversation:
+        if self.choices is None and "answer_format" in self.model_fields_set and self.answer_format != "raw":
+            raise ValueError(f"answer_format '{self.answer_format}' maps an answer index into the "
+                             "choices: name the 'choices' field too")
+        return self
+
+    def _options(self, rec: dict) -> list[tuple[str, Any]] | str:
+        opts = rec.get(self.choices) if self.choices else None
+        if isinstance(opts, dict):
+            return list(opts.items())
+        if not isinstance(opts, list):
+            return []
+        if len(opts) > len(string.ascii_uppercase):
+            return f"bad conversation: {len(opts)} choices in '{self.choices}', more than the letters A-Z"
+        return list(zip(string.ascii_uppercase, opts))
 
     def turns(self, rec: dict) -> list[dict] | str:
         q = rec.get(self.question)
         if not isinstance(q, str) or not q.strip():
             return f"empty conversation: no question in '{self.question}'"
-        lines = [q]
-        opts = rec.get(self.choices) if self.choices else None
-        if isinstance(opts, dict):
-            lines += [self.choice_format.format(letter=k, text=v) for k, v in opts.items()]
-        elif isinstance(opts, list):
-            lines += [self.choice_format.format(letter=string.ascii_uppercase[i], text=v)
-                      for i, v in enumerate(opts)]
+        ctx = rec.get(self.context) if self.context else None
+        if ctx is not None and not isinstance(ctx, str):
+            return f"bad conversation: '{self.context}' holds something other than text"
+        options = self._options(rec)
+        if isinstance(options, str):
+            return options
+        lines = [self.context_format.format(context=ctx)] if ctx and ctx.strip() else []
+        lines += [q] + [self.choice_format.format(letter=k, text=v) for k, v in options]
         if self.suffix:
             lines.append(self.suffix)
         out = [{"role": "user", "content": "\n".join(lines)}]
         ans = rec.get(self.answer) if self.answer else None
         ans = (ans[0] if ans else None) if isinstance(ans, list) else ans
-        if ans is not None:
-            out.append({"role": "assistant", "content": str(ans)})
+        if ans is None:
+            return out
+        if isinstance(ans, int) and not isinstance(ans, bool) and self.choices and self.answer_format != "raw":
+            if not 0 <= ans < len(options):
+                return (f"bad answer: index {ans} in '{self.answer}' is out of range of the "
+                        f"{len(options)} choices in '{self.choices}'")
+            ans = options[ans][0 if self.answer_format == "letter" else 1]
+        out.append({"role": "assistant", "content": str(ans)})
         return out
 
     def fields(self) -> set[str]:
-        return {f for f in (self.question, self.answer, self.choices) if f}
+        return {f for f in (self.question, self.context, self.answer, self.choices) if f}
 
 
 Conversation = Annotated[Union[MessagesConversation, PromptsConversation, QAConversation],
@@ -181,22 +212,52 @@ def expand_uris(store: Storage, uris: Uris) -> list[str]:
     return out
 
 
-def _arrow_rows(table: pa.Table, cols: set[str]) -> list[dict]:
-    return table.select([c for c in table.column_names if c in cols]).to_pylist()
+def read_hf_disk(uri: str, store: Storage, cols: set[str], split: str | None = None) -> list[dict]:
+    """A `Dataset.save_to_disk` folder, or the split `split` of a `DatasetDict.save_to_disk`
+    folder, read by `datasets.load_from_disk` -> its rows with only the columns `cols`. Nothing
+    is decoded: an Image column stays {bytes, path} structs. No hub access and no cache file: the
+    folder is memory-mapped (a remote one is first copied whole to datasets' temporary directory,
+    removed at exit), and the only transforms (column selection, Arrow format) write nothing."""
+    import datasets
+
+    dict_json = join(uri, datasets.config.DATASETDICT_JSON_FILENAME)
+    if store.exists(dict_json):  # load the one split asked for, not every split of the folder
+        splits = json.loads(store.read_text(dict_json))["splits"]
+        if split is None:
+            raise ValueError(f"{uri} holds a DatasetDict (splits {', '.join(splits)}): point 'uri' at one "
+                             f"split's folder ({join(uri, splits[0])}) or use a per-split 'uri' mapping "
+                             "whose keys are its split names")
+        if split not in splits:
+            raise ValueError(f"{uri} holds a DatasetDict without a split '{split}' "
+                             f"(it has {', '.join(splits)}): rename the per-split 'uri' key")
+        uri = join(uri, split)
+    opts = _s3_kwargs(store.cfg) if scheme_of(uri) == "s3" else None
+    try:
+        ds = datasets.load_from_disk(uri, keep_in_memory=False, storage_options=opts)
+    except FileNotFoundError as err:
+        raise ValueError(f"{uri} is not a folder written by datasets' save_to_disk: {err}") from None
+    names = [c for c in ds.column_names if c in cols]
+    if not names:  # an Arrow table without columns has no rows either
+        return [{} for _ in range(ds.num_rows)]
+    return ds.select_columns(names).with_format("arrow")[:].to_pylist()
 
 
-def read_file(fmt: str, uri: str, store: Storage, cols: set[str]) -> list[dict]:
-    """One file -> its records in file order, with only the columns `cols`. A JSON(L) item that is
-    not an object becomes an error record; a file that cannot be parsed at all is a ValueError."""
-    if fmt == "parquet":  # only the mapped columns are read (a wide file may embed images)
+def read_file(fmt: str, uri: str, store: Storage, cols: set[str], split: str | None = None) -> list[dict]:
+    """One file -> its records in file order, with only the columns `cols`; `split` names the
+    split of a DatasetDict folder (hf_disk). A JSON(L) item that is not an object becomes an error
+    record; a file that cannot be parsed at all is a ValueError.
+
+    Parquet (Hub-style exports included: plain Parquet plus `huggingface` schema metadata) is read
+    with pyarrow rather than `datasets.load_dataset("parquet")`, which would first write an Arrow
+    copy of every column into its cache; pyarrow reads only the mapped columns, in place, through
+    the same filesystem as everything else, and an Image column arrives as the same {bytes, path}
+    struct."""
+    if fmt == "parquet":
         fs, path = store.arrow_fs(uri)
         names = [c for c in pq.read_schema(path, filesystem=fs).names if c in cols]
         return pq.read_table(path, filesystem=fs, columns=names).to_pylist()
-    if fmt == "hf_disk":  # `Dataset.save_to_disk`: state.json + Arrow stream shards (indices flattened)
-        state = json.loads(store.read_text(join(uri, "state.json")))
-        tables = [pa.ipc.open_stream(store.read_bytes(join(uri, f["filename"]))).read_all()
-                  for f in state["_data_files"]]
-        return [r for t in tables for r in _arrow_rows(t, cols)]
+    if fmt == "hf_disk":
+        return read_hf_disk(uri, store, cols, split)
     text = store.read_text(uri)
     if fmt == "json":
         try:

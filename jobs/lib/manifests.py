@@ -13,8 +13,9 @@ Split policies (FOVEA Appendix B):
   random      sklearn `train_test_split(rows, train_size=n_train,
               test_size=min(n_eval_max, n - n_train), random_state=seed)`, reproduced exactly
               by `shuffle_split`; rows in neither part are unused.
-  official    per-split files (`uri: {train: ..., test: ...}`) or a split column; the train part
-              optionally capped to n_train by `cap_train` (the same sklearn semantics).
+  official    per-split files (`uri: {train: ..., test: ...}`; for an hf_disk DatasetDict folder
+              the key names its split) or a split column; the train part optionally capped to
+              n_train by `cap_train` (the same sklearn semantics).
   eval_only   every row is evaluation.    train_only   every row is training, optional cap.
 A split runs over the source's rows in file order (after `where` and `text_only: skip`) before
 any row is parsed, so the partition is a function of the source alone: an unreadable row leaves
@@ -336,7 +337,7 @@ def build_source(src: SourceSpec, store: Storage, workers: int = 8,
     """Read, split and map one source; images are read on `workers` threads, order is kept."""
     cols, files = src.columns(), source_files(src, store)
     try:
-        groups = {g: [r for f in fs for r in read_file(src.format, f, store, cols)]
+        groups = {g: [r for f in fs for r in read_file(src.format, f, store, cols, g or None)]
                   for g, fs in files.items()}
         picks, rejects, counts = select(src, groups)
     except ValueError as err:  # a file that does not parse, too few rows for the split

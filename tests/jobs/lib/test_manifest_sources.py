@@ -79,17 +79,77 @@ def test_image_failures_are_reasons(tmp_path):
     assert ok == (None, png((0, 0, 9)), hashlib.sha256(png((0, 0, 9))).hexdigest())
 
 
-def test_hf_disk_as_written_by_datasets(tmp_path):
-    """A `datasets` DatasetDict saved to disk; each split folder is one hf_disk source file."""
+def test_qa_answer_index_formats():
+    """An integer answer is an index into the choices (ScienceQA's `answer: 2`); letters follow the
+    prompt's lettering, for a list and for a {letter: text} mapping; other answers are kept."""
+    rec = {"q": "Which?", "opts": ["cat", "dog", "owl"], "a": 2}
+    answer = lambda fmt, r=rec: QAConversation(kind="qa", question="q", answer="a", choices="opts",
+                                               answer_format=fmt).turns(r)[1]["content"]
+    assert (answer("letter"), answer("text"), answer("raw")) == ("C", "owl", "2")
+    assert QAConversation(kind="qa", question="q", answer="a", choices="opts").answer_format == "letter"
+    keyed = {"q": "Which?", "opts": {"P": "cat", "Q": "dog"}, "a": 1}
+    assert (answer("letter", keyed), answer("text", keyed)) == ("Q", "dog")
+    assert answer("letter", {**rec, "a": "B"}) == "B" and answer("text", {**rec, "a": True}) == "True"
+    assert QAConversation(kind="qa", answer="a").turns({"question": "How many?", "a": 2})[1]["content"] == "2"
+    with pytest.raises(ValueError, match="answer_format 'text' maps an answer index into the choices"):
+        QAConversation(kind="qa", answer="a", answer_format="text")
+
+
+def test_qa_answer_index_out_of_range_is_a_reason():
+    conv = QAConversation(kind="qa", question="q", answer="a", choices="opts")
+    assert conv.turns({"q": "Which?", "opts": ["cat", "dog"], "a": 2}) == (
+        "bad answer: index 2 in 'a' is out of range of the 2 choices in 'opts'")
+    assert conv.turns({"q": "Which?", "opts": ["cat"], "a": -1}).startswith("bad answer: index -1")
+    assert conv.turns({"q": "Which?", "a": 0}) == "bad answer: index 0 in 'a' is out of range of the 0 choices in 'opts'"
+    assert conv.turns({"q": "Which?", "opts": list(range(27)), "a": 0}).startswith("bad conversation: 27 choices")
+
+
+def test_qa_context_line_as_scienceqa_prompts_it():
+    """lmms-eval / LLaVA: "Context: <hint>\n" before the question, left out when the hint is empty."""
+    conv = QAConversation(kind="qa", question="q", context="hint", choices="opts", answer="a",
+                          suffix="Answer with the option's letter from the given choices directly.")
+    rec = {"q": "Which is a mammal?", "opts": ["frog", "whale"], "a": 1, "hint": "Look closely."}
+    assert conv.turns(rec) == [
+        {"role": "user", "content": "Context: Look closely.\nWhich is a mammal?\nA. frog\nB. whale\n"
+                                    "Answer with the option's letter from the given choices directly."},
+        {"role": "assistant", "content": "B"}]
+    for empty in ("", "  ", None):
+        assert conv.turns({**rec, "hint": empty})[0]["content"].startswith("Which is a mammal?\n")
+    assert conv.turns({**rec, "hint": 3}) == "bad conversation: 'hint' holds something other than text"
+    assert conv.fields() == {"q", "hint", "opts", "a"}
+
+
+def scienceqa_features(datasets):
+    """The Hub's ScienceQA columns (derived/ScienceQA, lmms-lab/ScienceQA) that a manifest maps."""
+    return datasets.Features({"image": datasets.Image(), "question": datasets.Value("string"),
+                              "choices": datasets.List(datasets.Value("string")),
+                              "answer": datasets.Value("int8"), "hint": datasets.Value("string")})
+
+
+def test_hf_disk_dataset_and_datasetdict_folders(tmp_path):
+    """Read by `datasets.load_from_disk`: a Dataset folder, a DatasetDict folder's split by name,
+    the Image column kept as {bytes, path} structs (also an image-less row), only mapped columns."""
     datasets = pytest.importorskip("datasets")
-    feats = datasets.Features({"id": datasets.Value("string"), "image": datasets.Image(),
-                               "question": datasets.Value("string")})
-    rows = {"id": ["a", "b"], "image": [{"bytes": png((1, 2, 3)), "path": None}] * 2, "question": ["Q1", "Q2"]}
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows, features=feats)})
-    dd.save_to_disk(str(tmp_path / "dd"))
-    recs = read_file("hf_disk", str(tmp_path / "dd" / "train"), Storage(), {"id", "image", "question"})
-    assert [r["id"] for r in recs] == ["a", "b"] and recs[1]["question"] == "Q2"
-    assert read_image(recs[0]["image"], ImageSpec(), Storage())[1] == png((1, 2, 3))
+    rows = {"image": [{"bytes": png((1, 2, 3)), "path": None}, None], "question": ["Q1", "Q2"],
+            "choices": [["a", "b"], ["c", "d", "e"]], "answer": [1, 2], "hint": ["h", ""]}
+    train = datasets.Dataset.from_dict(rows, features=scienceqa_features(datasets))
+    train.save_to_disk(str(tmp_path / "ds"))
+    datasets.DatasetDict({"train": train, "test": train.select([1])}).save_to_disk(str(tmp_path / "dd"))
+    store, cols = Storage(), {"image", "question", "answer"}
+    recs = read_file("hf_disk", str(tmp_path / "ds"), store, cols)
+    assert recs == read_file("hf_disk", str(tmp_path / "dd"), store, cols, split="train")
+    assert [set(r) for r in recs] == [cols, cols] and recs[1] == {"image": None, "question": "Q2", "answer": 2}
+    assert read_image(recs[0]["image"], ImageSpec(), store) == (
+        None, png((1, 2, 3)), hashlib.sha256(png((1, 2, 3))).hexdigest())
+    assert read_file("hf_disk", str(tmp_path / "dd"), store, cols, split="test") == recs[1:]
+    assert read_file("hf_disk", str(tmp_path / "ds"), store, {"nothing"}) == [{}, {}]  # rows kept
+    with pytest.raises(ValueError, match=r"holds a DatasetDict \(splits train, test\): point 'uri' at one"):
+        read_file("hf_disk", str(tmp_path / "dd"), store, cols)
+    with pytest.raises(ValueError, match="holds a DatasetDict without a split 'validation' .it has train, test."):
+        read_file("hf_disk", str(tmp_path / "dd"), store, cols, split="validation")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="is not a folder written by datasets' save_to_disk"):
+        read_file("hf_disk", str(tmp_path / "plain"), store, cols)
 
 
 def test_expand_uris_globs_sorted_and_missing(tmp_path):

@@ -11,6 +11,7 @@ from jobs.lib.config import ConfigError
 from jobs.lib.manifests import (MANIFEST_SCHEMA, REJECT_SCHEMA, DatasetManifest, SourceError, build,
                                 cap_train, decontaminate, load_manifest, overlap, random_split,
                                 shuffle_split)
+from jobs.lib.storage import Storage, join
 
 REPO = Path(__file__).resolve().parents[3]
 # np.random.RandomState(42).permutation(10), the draw sklearn's ShuffleSplit(random_state=42) makes
@@ -205,5 +206,139 @@ def test_shipped_dataset_manifests_validate_without_data():
     assert llava.split.n_train == 51671 and llava.image.root == "/data/llava/images"
     assert all(s.split.n_train == 1000 for s in paper.sources[1:7])
     assert all(s.split.n_eval_max == 3000 and s.split.seed == 42 for s in paper.sources[1:5])
-    assert paper.sources[5].uri == {"train": "/data/scienceqa/train.jsonl", "test": "/data/scienceqa/test.jsonl"}
+    sqa = paper.sources[5]  # a DatasetDict folder; its splits named by the uri keys
+    assert sqa.format == "hf_disk" and sqa.uri == {"train": "/data/scienceqa", "test": "/data/scienceqa"}
+    assert (sqa.conversation.context, sqa.conversation.answer_format) == ("hint", "letter")
     assert len({s.id_prefix for s in paper.sources}) == 10  # no two numbering schemes collide
+
+
+# ---------------------------------------------------------------- real-format sources, local and s3://
+
+SUFFIX = "Answer with the option's letter from the given choices directly."
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """HF offline, and any connection beyond loopback (where moto listens) fails the test."""
+    import socket
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    tried, connect = [], socket.socket.connect
+
+    def loopback_only(sock, address):
+        if isinstance(address, tuple) and address[0] not in ("127.0.0.1", "::1", "localhost"):
+            tried.append(address)
+            raise OSError(f"test: no network beyond loopback, not {address}")
+        return connect(sock, address)
+    monkeypatch.setattr(socket.socket, "connect", loopback_only)
+    yield
+    assert not tried, f"network access attempted: {tried}"
+
+
+@pytest.fixture(params=["local", "s3"])
+def data_root(request, tmp_path, no_network) -> str:
+    return str(tmp_path / "data") if request.param == "local" else request.getfixturevalue("s3_bucket") + "/data"
+
+
+def save_scienceqa(datasets, root: str) -> None:
+    """A ScienceQA DatasetDict as the Hub has it (Image column, int8 `answer` index into
+    `choices`, `hint` often empty, no id), written by the real `save_to_disk` to <root>/scienceqa."""
+    from jobs.lib.storage import StorageConfig, _s3_kwargs
+
+    feats = datasets.Features({"image": datasets.Image(), "question": datasets.Value("string"),
+                               "choices": datasets.List(datasets.Value("string")),
+                               "answer": datasets.Value("int8"), "hint": datasets.Value("string"),
+                               "category": datasets.Value("string"), "lecture": datasets.Value("string")})
+    img = lambda i: {"bytes": png(i), "path": None}  # noqa: E731
+    q = lambda image, question, choices, answer, hint: {  # noqa: E731
+        "image": image, "question": question, "choices": choices, "answer": answer, "hint": hint,
+        "category": "Identify animals", "lecture": "not mapped"}
+    splits = {"train": [q(img(1), "Which is a mammal?", ["frog", "whale", "trout"], 1, "Look at the picture."),
+                        q(None, "Text only?", ["yes", "no"], 0, ""),  # skipped: no image
+                        q(img(2), "Which is hotter?", ["ice", "lava"], 1, ""),
+                        q(img(3), "Broken?", ["yes", "no"], 5, "")],  # index out of range
+              "test": [q(img(4), "Which is a bird?", ["owl", "cat", "dog", "eel"], 0, "Owls fly at night."),
+                       q(img(5), "Which is a fish?", ["owl", "cat", "dog", "eel"], 3, "")]}
+    dd = datasets.DatasetDict({k: datasets.Dataset.from_dict({c: [r[c] for r in v] for c in feats}, features=feats)
+                               for k, v in splits.items()})
+    dd.save_to_disk(join(root, "scienceqa"), storage_options=_s3_kwargs(StorageConfig()) if "://" in root else None)
+
+
+def test_scienceqa_as_saved_by_datasets_with_the_shipped_mapping(data_root, tmp_path):
+    """The shipped ScienceQA entry over a real `DatasetDict.save_to_disk` folder: letter answers,
+    the Context line only where the hint is set, embedded image bytes, an out-of-range answer
+    rejected with its reason, an image-less row skipped."""
+    datasets = pytest.importorskip("datasets")
+    save_scienceqa(datasets, data_root)
+    paper = load_manifest(str(REPO / "manifests" / "datasets" / "fovea_paper.yaml"), {"DATA_ROOT": data_root})
+    manifest = DatasetManifest(name="t", sources=[s for s in paper.sources if s.name == "scienceqa"])
+    out = join(data_root, "out")
+    report = build([manifest], out, Storage(), workers=2)
+
+    train, evals = read_uri(join(out, "train.parquet")), read_uri(join(out, "eval", "scienceqa.parquet"))
+    user = lambda *lines: {"role": "user", "content": "<image>\n" + "\n".join([*lines, SUFFIX])}  # noqa: E731
+    assert [(r["id"], r["conversation"]) for r in train] == [
+        ("scienceqa/train-0", [user("Context: Look at the picture.", "Which is a mammal?", "A. frog", "B. whale",
+                                    "C. trout"), {"role": "assistant", "content": "B"}]),
+        ("scienceqa/train-2", [user("Which is hotter?", "A. ice", "B. lava"), {"role": "assistant", "content": "B"}])]
+    assert [(r["id"], r["conversation"][0]["content"].splitlines()[1], r["conversation"][1]["content"])
+            for r in evals] == [("scienceqa/test-0", "Context: Owls fly at night.", "A"),
+                                ("scienceqa/test-1", "Which is a fish?", "D")]
+    assert [r["image_bytes"] for r in train + evals] == [png(i) for i in (1, 2, 4, 5)]
+    assert {r["task"] for r in train + evals} == {"Identify animals"} and train[0]["image_uri"] is None
+    assert [(r["row"], r["reason"]) for r in read_uri(join(out, "rejects.parquet"))] == [
+        ("train-3", "bad answer: index 5 in 'answer' is out of range of the 2 choices in 'choices'")]
+    assert report["sources"]["scienceqa"]["text_only_skipped"] == 1
+    assert report["sources"]["scienceqa"]["rejected bad answer"] == 1
+
+
+def test_a_datasetdict_folder_needs_its_split_named(data_root):
+    datasets = pytest.importorskip("datasets")
+    save_scienceqa(datasets, data_root)
+    src = {"name": "sqa", "format": "hf_disk", "uri": join(data_root, "scienceqa"), "id_field": None,
+           "image": {"field": "image"}, "conversation": {"kind": "qa", "choices": "choices", "answer": "answer"},
+           "split": {"policy": "eval_only"}}
+    with pytest.raises(SourceError, match=r"source 'sqa': .*scienceqa holds a DatasetDict \(splits train, test\)"):
+        build([DatasetManifest.model_validate({"name": "t", "sources": [src]})], join(data_root, "out"), Storage())
+    src = {**src, "uri": join(data_root, "scienceqa", "test")}  # one split's folder is a Dataset
+    report = build([DatasetManifest.model_validate({"name": "t", "sources": [src]})], join(data_root, "out"), Storage())
+    assert report["totals"]["eval"] == 2
+
+
+def test_chartqa_hub_parquet_with_embedded_image_structs(data_root):
+    """ChartQA as the Hub's Parquet shards have it (written by `Dataset.to_parquet`: Image structs
+    {bytes, path}, `label` a list of answers, no id), read with pyarrow from globs."""
+    datasets = pytest.importorskip("datasets")
+    feats = datasets.Features({"image": datasets.Image(), "query": datasets.Value("string"),
+                               "label": datasets.List(datasets.Value("string")),
+                               "human_or_machine": datasets.ClassLabel(names=["human", "machine"])})
+    store, shards = Storage(), {"train": [(10, "What is the peak value?", ["42"]), (11, "Which year?", ["2019"])],
+                                "test": [(12, "How many bars?", ["7"]), (None, "Corrupt?", ["x"])]}
+    for split, items in shards.items():
+        image = [{"bytes": png(i) if i is not None else b"\x89PNG broken", "path": f"{split}.png"} for i, _, _ in items]
+        ds = datasets.Dataset.from_dict({"image": image, "query": [q for _, q, _ in items],
+                                         "label": [a for _, _, a in items], "human_or_machine": [0, 1]}, features=feats)
+        buf = io.BytesIO()
+        ds.to_parquet(buf)
+        store.write_bytes(join(data_root, "chartqa", "data", f"{split}-00000-of-00001.parquet"), buf.getvalue())
+    fs, path = store.arrow_fs(join(data_root, "chartqa", "data", "test-00000-of-00001.parquet"))
+    assert b"huggingface" in pq.read_schema(path, filesystem=fs).metadata  # a Hub-style file
+    src = {"name": "chartqa", "format": "parquet", "id_field": None, "id_prefix": "chartqa/",
+           "uri": {s: join(data_root, "chartqa", "data", f"{s}-*.parquet") for s in shards},
+           "image": {"field": "image"}, "conversation": {"kind": "qa", "question": "query", "answer": "label"},
+           "split": {"policy": "official", "train_values": ["train"], "eval_values": ["test"], "n_train": 1000}}
+    out = join(data_root, "out")
+    build([DatasetManifest.model_validate({"name": "t", "sources": [src]})], out, store)
+    rows = read_uri(join(out, "train.parquet")) + read_uri(join(out, "eval", "chartqa.parquet"))
+    assert [(r["id"], r["conversation"], r["image_bytes"]) for r in rows] == [
+        (f"chartqa/{row}", [{"role": "user", "content": f"<image>\n{q}"}, {"role": "assistant", "content": a[0]}], png(i))
+        for row, (i, q, a) in [("train-0", shards["train"][0]), ("train-1", shards["train"][1]),
+                               ("test-0", shards["test"][0])]]
+    [reject] = read_uri(join(out, "rejects.parquet"))
+    assert reject["row"] == "test-1" and reject["reason"].startswith("image unreadable: embedded bytes")
+
+
+def read_uri(uri: str) -> list[dict]:
+    fs, path = Storage().arrow_fs(uri)
+    return pq.read_table(path, filesystem=fs).to_pylist()
