@@ -35,8 +35,9 @@ from jobs.generate import (ComputeSection, DataSection, GenerateConfig, MethodSe
                            TargetSection)
 from jobs.generate import main as generate_main  # noqa: E402
 from jobs.lib.config import cli  # noqa: E402
-from jobs.lib.job import JobConfig, RunSection  # noqa: E402
+from jobs.lib.job import JobConfig, RunSection, one_line_errors  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
+from jobs.lib.run_key import open_run  # noqa: E402
 from jobs.lib.storage import Storage, join  # noqa: E402
 
 DRAFTER = "runs/train_drafter/reference/drafter"
@@ -79,11 +80,16 @@ class BenchmarkConfig(JobConfig):
             raise ValueError("temperatures must be distinct and >= 0")
         return self
 
+    def computing(self) -> "BenchmarkConfig":
+        """Only the compared methods determine the outputs."""
+        return self.model_copy(update={"methods": {n: self.methods[n] for n in self.compare}})
+
     def generate_config(self, temperature: float) -> GenerateConfig:
         """The generate run of one setting (its own run directory, so each setting resumes)."""
         return GenerateConfig(
-            run=RunSection(output_uri=self.run.output_uri, run_id=f"{self.resolved_run_id()}-t{temperature:g}"),
-            storage=self.storage, ray=self.ray, data=self.data, target=self.target, compute=self.compute,
+            run=RunSection(output_uri=self.run.output_uri, run_id=f"{self.resolved_run_id()}-t{temperature:g}",
+                           on_mismatch=self.run.on_mismatch),
+            storage=self.storage, ray=self.ray, cost=self.cost, data=self.data, target=self.target, compute=self.compute,
             methods={m: self.methods[m] for m in self.compare}, compare=self.compare,
             generation={"max_new_tokens": self.max_new_tokens, "do_sample": temperature > 0,
                         "temperature": temperature if temperature > 0 else 1.0, "seed": self.seed,
@@ -98,11 +104,13 @@ def main(cfg: BenchmarkConfig) -> dict:
     store = Storage(cfg.storage)
     run_dir = cfg.run_dir("benchmark")
     gcfgs = [cfg.generate_config(t) for t in cfg.temperatures]  # every setting validates before any work
+    open_run(cfg, "benchmark", store)  # its generate runs check their own keys and inputs
     rec = RunRecorder("benchmark", cfg, run_dir, store)
     baseline, settings = cfg.compare[0], []
     for t, gcfg in zip(cfg.temperatures, gcfgs):
         with rec.stage(f"generate_t{t:g}"):
             g = generate_main(gcfg)
+        rec.include_cost(f"generate_t{t:g}", g)  # the generate run's device time, priced by this config
         gdir = g["figures"]["run_dir"]
         metrics = pq.read_table(io.BytesIO(store.read_bytes(join(gdir, "metrics.parquet")))).to_pylist()
         tasks, throughput = g["details"]["per_task"], g["details"]["throughput"]
@@ -140,11 +148,8 @@ def _r(x: float | None) -> float | None:
 
 if __name__ == "__main__":
     cfg = cli(BenchmarkConfig, description=__doc__)
-    try:
+    with one_line_errors("benchmark", FileNotFoundError, PermissionError, ConnectionError, ValueError):
         m = main(cfg)
-    except (FileNotFoundError, PermissionError, ConnectionError, ValueError) as err:
-        print(f"benchmark: {type(err).__name__}: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
     for k, v in m["figures"].items():
         if isinstance(v, dict):
             print(f"benchmark: {k}: MAT {v['mat']}, speedup {v['speedup']}x (per-sample mean {v['per_sample_speedup']}x)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # `python jobs/x.py` from anywhere
@@ -27,10 +28,13 @@ from jobs.lib.config import EXIT_CONFIG_ERROR, ConfigError, Strict, cli  # noqa:
 from jobs.lib.job import JobConfig  # noqa: E402
 from jobs.lib.manifests import SourceError, build, load_manifest, spec_hash  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
+from jobs.lib.run_key import RunMismatch, open_run  # noqa: E402
 from jobs.lib.storage import Storage, join, run_dir, scheme_of  # noqa: E402
 
 
 class DataSection(Strict):
+    NOT_COMPUTING: ClassVar[frozenset[str]] = frozenset({"io_workers", "force"})
+
     manifests: list[str] = Field(default_factory=lambda: ["manifests/datasets/reference.yaml"],
                                  description="dataset manifest URIs; relative paths: cwd, then repo root")
     vars: dict[str, str] = Field(default_factory=lambda: {"REF": "runs/reference/small"},
@@ -55,6 +59,7 @@ def main(cfg: BuildManifestsConfig) -> dict:
     manifests = [load_manifest(manifest_uri(u), cfg.data.vars, store) for u in cfg.data.manifests]
     digest = spec_hash(manifests)
     out = run_dir(cfg.run.output_uri, "build_manifests", cfg.run.run_id or f"m-{digest}")
+    open_run(cfg, "build_manifests", store, {"manifests": digest}, run_dir=out)
     rec = RunRecorder("build_manifests", cfg, out, store)
     marker = join(out, "manifest_report.json")
     done = store.exists(marker) and json.loads(store.read_text(marker)).get("spec_hash") == digest
@@ -77,9 +82,9 @@ def main(cfg: BuildManifestsConfig) -> dict:
 if __name__ == "__main__":
     try:  # one line on stderr: exit code 2 for a bad config or manifest, 1 for a bad source
         m = main(cli(BuildManifestsConfig, description=__doc__))
-    except (ConfigError, SourceError) as err:
+    except (ConfigError, RunMismatch, SourceError, ConnectionError) as err:  # ConnectionError: storage down
         print(err, file=sys.stderr)
-        raise SystemExit(EXIT_CONFIG_ERROR if isinstance(err, ConfigError) else 1) from None
+        raise SystemExit(1 if isinstance(err, (SourceError, ConnectionError)) else EXIT_CONFIG_ERROR) from None
     f = m["figures"]
     print(f"build_manifests: {f['train_rows']} train / {f['eval_rows']} eval rows -> {f['manifest_uri']}"
           + (" (already built)" if f["skipped"] else ""))

@@ -27,22 +27,27 @@ from pydantic import Field, model_validator  # noqa: E402
 
 from jobs.lib.artifact_store import committed_shards, read_kind  # noqa: E402
 from jobs.lib.config import Strict, cli  # noqa: E402
-from jobs.lib.job import ActorPoolSection, JobConfig  # noqa: E402
+from jobs.lib.job import ActorPoolSection, JobConfig, one_line_errors  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
+from jobs.lib.model_cache import model_identity, read_model_file  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
+from jobs.lib.run_key import fingerprint, open_run  # noqa: E402
 from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
 
 
 class DataSection(Strict):
     manifest: str = Field("runs/build_manifests/reference/eval",
                           description="an evaluation manifest (Parquet) or a folder of them, any URI")
-    limit_per_source: int | None = Field(None, ge=1, description="first N rows of each manifest file")
+    limit_per_source: int | None = Field(None, ge=1, description="N rows of each manifest file: a seeded "
+                                         "sample stratified by task (jobs.lib.subset), not the first N")
+    seed: int = Field(0, description="seed of the `limit_per_source` sample")
     max_length: int = Field(2048, ge=8, description="longer prompts are rejected")
     shard_size: int = Field(16, ge=1, description="samples per committed shard (and per throughput stream)")
 
 
 class TargetSection(Strict):
-    path: str = Field("runs/reference/small/target", description="a local model directory")
+    path: str = Field("runs/reference/small/target", description="a model directory: a local path, or any "
+                      "storage URI (s3://: downloaded once per node, jobs.lib.model_cache)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
 
 
@@ -127,6 +132,10 @@ class GenerateConfig(JobConfig):
             raise ValueError("compare lists a method twice")
         return self
 
+    def computing(self) -> "GenerateConfig":
+        """Only the compared methods determine the outputs."""
+        return self.model_copy(update={"methods": {n: self.methods[n] for n in self.compare}})
+
 
 def manifest_files(store: Storage, uri: str) -> list[str]:
     """A Parquet file, or every *.parquet directly in a folder (sorted)."""
@@ -140,17 +149,20 @@ def manifest_files(store: Storage, uri: str) -> list[str]:
     return files
 
 
-def plan_shards(store: Storage, files: list[str], limit: int | None, shard_size: int) -> list[dict]:
-    """Deterministic shards: each file's (first `limit`) rows in order, `shard_size` at a time."""
+def plan_shards(store: Storage, files: list[str], limit: int | None, shard_size: int, seed: int = 0) -> list[dict]:
+    """Deterministic shards: each file's rows (all, or a stratified sample of `limit`) in order,
+    `shard_size` at a time."""
     import pyarrow.parquet as pq
+
+    from jobs.lib.subset import stratified_rows
 
     shards = []
     for uri in files:
         fs, path = store.arrow_fs(uri)
-        n = pq.ParquetFile(fs.open_input_file(path)).metadata.num_rows
-        n = min(n, limit) if limit else n
-        for start in range(0, n, shard_size):
-            shards.append({"shard": len(shards), "manifest": uri, "start": start, "stop": min(start + shard_size, n)})
+        tasks = pq.read_table(path, filesystem=fs, columns=["task"]).column(0).to_pylist()
+        rows = stratified_rows(tasks, limit, seed)
+        for start in range(0, len(rows), shard_size):
+            shards.append({"shard": len(shards), "manifest": uri, "rows": rows[start: start + shard_size]})
     return shards
 
 
@@ -163,16 +175,19 @@ def _budget(m: MethodSection) -> int:
     return m.tree.budget
 
 
-def check_drafters(cfg: GenerateConfig, ident: dict) -> None:
-    """Every compared drafter is a local directory of its kind's format, for a target of these sizes."""
+def check_drafters(cfg: GenerateConfig, ident: dict, store: Storage | None = None) -> None:
+    """Every compared drafter is a directory (local or any URI) of its kind's format, for a target
+    of these sizes; only its config.json is read."""
+    store = store or Storage(cfg.storage)
     for name in cfg.compare:
         m = cfg.methods[name]
         if m.drafter is None:
             continue
-        meta_path = Path(m.drafter) / "config.json"
-        if not meta_path.is_file():
-            raise FileNotFoundError(f"method {name}: drafter {m.drafter} is not a local drafter directory")
-        meta = json.loads(meta_path.read_text())
+        raw = read_model_file(store, m.drafter, "config.json")
+        if raw is None:
+            where = "local " if scheme_of(m.drafter) == "file" else ""
+            raise FileNotFoundError(f"method {name}: drafter {m.drafter} is not a {where}drafter directory")
+        meta = json.loads(raw)
         if meta.get("format") != TRAINED[m.kind]:
             raise ValueError(f"method {name}: {m.drafter} holds format {meta.get('format')!r}; kind {m.kind} "
                              f"needs {TRAINED[m.kind]!r}")
@@ -187,7 +202,6 @@ def main(cfg: GenerateConfig) -> dict:
     import ray
 
     from jobs.lib.generate_worker import KINDS, GenerateWorker, MethodPlan
-    from spec_core.targets import target_identity
 
     store = Storage(cfg.storage)
     run_dir = cfg.run_dir("generate")
@@ -198,11 +212,14 @@ def main(cfg: GenerateConfig) -> dict:
         raise
     except Exception as err:  # noqa: BLE001 - storage clients raise their own types
         raise ConnectionError(f"cannot reach the manifest's storage: {err}") from err
-    ident = target_identity(cfg.target.path)
-    check_drafters(cfg, ident)
+    ident = model_identity(store, cfg.target.path)  # s3://: its config.json only; actors download the rest
+    check_drafters(cfg, ident, store)
+    inputs = {"target": fingerprint(store, cfg.target.path), **{f"manifest {u}": fingerprint(store, u) for u in files},
+              **{f"drafter {n}": fingerprint(store, cfg.methods[n].drafter) for n in cfg.compare if cfg.methods[n].drafter}}
+    key = open_run(cfg, "generate", store, inputs)
     rec = RunRecorder("generate", cfg, run_dir, store)
-    shards = plan_shards(store, files, cfg.data.limit_per_source, cfg.data.shard_size)
-    done = committed_shards(store, root)
+    shards = plan_shards(store, files, cfg.data.limit_per_source, cfg.data.shard_size, cfg.data.seed)
+    done = committed_shards(store, root, key["hash"], shards)
     pending = [s for s in shards if s["shard"] not in done]
     rec.figure("ray", init_ray(cfg.ray)["mode"])
     local = lambda p: str(Path(p).resolve()) if scheme_of(p) == "file" else p  # noqa: E731
@@ -225,7 +242,7 @@ def main(cfg: GenerateConfig) -> dict:
                 batch_sizes=tuple(cfg.compute.batch_sizes), seed=gen.seed,
                 sampling=dict(do_sample=gen.do_sample, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p),
                 cpu_threads=max(1, int(cfg.compute.num_cpus_per_actor)), track_visual=gen.track_visual,
-                metadata={"config_hash": rec.hash, **ident}) for _ in range(n_actors)]
+                metadata={"config_hash": key["hash"], **ident}) for _ in range(n_actors)]
             pool = ray.util.ActorPool(actors)
             for _ in rec.progress(pool.map_unordered(lambda a, s: a.__call__.remote(s), pending),
                                   total=len(pending), desc="shards"):
@@ -233,7 +250,7 @@ def main(cfg: GenerateConfig) -> dict:
             for a in actors:
                 ray.kill(a)
         st["items"] = len(pending)
-    done = committed_shards(store, root)
+    done = committed_shards(store, root, key["hash"], shards)
     missing = [s["shard"] for s in shards if s["shard"] not in done]
     if missing:
         raise RuntimeError(f"{len(missing)} shards not committed: {missing[:10]}")
@@ -248,6 +265,7 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], t
     import pyarrow.parquet as pq
 
     from jobs.lib import generate_report as gr
+    from jobs.lib.metrics import actor_device
 
     baseline = methods[0]
     for kind in ("responses", "metrics", "rejects"):  # one table each, for users and later jobs
@@ -279,16 +297,21 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], t
     rec.detail("memory", memory)
     rec.figure("rejects", [f"{r['id']}: {r['reason']}" for r in tables["rejects"]][:20])
     rec.figure("run_dir", run_dir)
+    c, this = rec.cfg.compute, [r for r in records if r.get("finished_unix", 0) >= rec.started]  # this run's shards
+    kind, per_actor = actor_device(c.num_gpus_per_actor, c.num_cpus_per_actor)
+    rec.device_time("generate", sum(r["busy_seconds"] for r in this), per_actor, kind,
+                    actors=min(c.num_actors, len(this)), samples=sum(r["samples"] for r in this),
+                    tokens=sum(t["tokens"] for r in this for by_batch in r["throughput"].values()
+                               for t in by_batch.values()),
+                    note="a sample: every compared method at every batch size; tokens: new tokens of them all")
     return rec.finish(gr.render(tasks, throughput, memory, bad, methods, baseline, cdf))
 
 
 if __name__ == "__main__":
     cfg = cli(GenerateConfig, description=__doc__)
-    try:  # an unreadable manifest, target or drafter, or unreachable storage: one line, exit 1
+    # an unreadable manifest, target or drafter, or unreachable storage: one line, exit 1
+    with one_line_errors("generate", FileNotFoundError, PermissionError, ConnectionError, ValueError):
         m = main(cfg)
-    except (FileNotFoundError, PermissionError, ConnectionError, ValueError) as err:
-        print(f"generate: {type(err).__name__}: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
     f = m["figures"]
     for name in cfg.compare[1:]:
         print(f"generate: {name}: tau {f[f'{name}_tau']}, batch-1 speedup {f[f'{name}_speedup_batch1']}x, "

@@ -20,30 +20,37 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.py` from anywhere
 
 from pydantic import Field, model_validator  # noqa: E402
 
 from jobs.lib.config import Strict, cli  # noqa: E402
-from jobs.lib.job import ActorPoolSection, JobConfig  # noqa: E402
+from jobs.lib.job import ActorPoolSection, JobConfig, one_line_errors  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
+from jobs.lib.model_cache import read_model_file  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
+from jobs.lib.run_key import fingerprint, open_run  # noqa: E402
 from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
 
 Method = Literal["ar", "sjd", "scd_mc", "scd_gs"]
 
 
 class DataSection(Strict):
+    NOT_COMPUTING: ClassVar[frozenset[str]] = frozenset({"shard_size"})  # items are committed one by one
+
     prompts: str = Field("manifests/prompts/reference.jsonl",
                          description="a prompt manifest (.jsonl or .parquet: id, prompt, kind), any URI")
-    limit_per_kind: int | None = Field(None, ge=1, description="first N image prompts and first N video prompts")
+    limit_per_kind: int | None = Field(None, ge=1, description="N image prompts and N video prompts: a seeded "
+                                       "sample per kind (jobs.lib.subset), not the first N")
+    seed: int = Field(0, description="seed of the `limit_per_kind` sample")
     shard_size: int = Field(8, ge=1, description="prompts per actor call")
 
 
 class GeneratorSection(Strict):
-    path: str = Field("runs/reference/small/generator", description="a local generator directory")
+    path: str = Field("runs/reference/small/generator", description="a generator directory: a local path, or any "
+                      "storage URI (s3://: downloaded once per node, jobs.lib.model_cache)")
 
 
 class SamplingSection(Strict):
@@ -93,7 +100,7 @@ class GenerateImagesConfig(JobConfig):
         return self
 
 
-def read_prompts(store: Storage, uri: str, limit_per_kind: int | None) -> list[dict]:
+def read_prompts(store: Storage, uri: str, limit_per_kind: int | None, seed: int = 0) -> list[dict]:
     """Manifest rows; a missing file, a missing id/prompt column or a repeated id fails first."""
     if not store.exists(uri):
         raise FileNotFoundError(f"prompt manifest {uri} does not exist")
@@ -104,14 +111,14 @@ def read_prompts(store: Storage, uri: str, limit_per_kind: int | None) -> list[d
     else:
         rows = [json.loads(line) for line in store.read_text(uri).splitlines() if line.strip()]
     if limit_per_kind:
-        counts: dict[str, int] = {}
-        kept = []
-        for r in rows:
-            kind = r.get("kind") or "image"
-            counts[kind] = counts.get(kind, 0) + 1
-            if counts[kind] <= limit_per_kind:
-                kept.append(r)
-        rows = kept
+        from jobs.lib.subset import stratified_rows
+
+        kinds = [r.get("kind") or "image" for r in rows]
+        keep: list[int] = []
+        for k in set(kinds):  # limit_per_kind of each kind, drawn at random, kept in file order
+            mine = [i for i, kind in enumerate(kinds) if kind == k]
+            keep += [mine[j] for j in stratified_rows([k] * len(mine), limit_per_kind, seed)]
+        rows = [rows[i] for i in sorted(keep)]
     if not rows:
         raise ValueError(f"prompt manifest {uri} has no rows")
     if any("id" not in r or "prompt" not in r for r in rows):
@@ -129,10 +136,13 @@ def main(cfg: GenerateImagesConfig) -> dict:
 
     store = Storage(cfg.storage)
     run_dir = cfg.run_dir("generate_images")
-    rows = read_prompts(store, cfg.data.prompts, cfg.data.limit_per_kind)
-    if not (Path(cfg.generator.path) / "generator_config.json").is_file():
-        raise FileNotFoundError(f"{cfg.generator.path} is not a local generator directory "
+    rows = read_prompts(store, cfg.data.prompts, cfg.data.limit_per_kind, cfg.data.seed)
+    if read_model_file(store, cfg.generator.path, "generator_config.json") is None:  # s3://: this file only
+        where = "local " if scheme_of(cfg.generator.path) == "file" else ""
+        raise FileNotFoundError(f"{cfg.generator.path} is not a {where}generator directory "
                                 "(build one: python scripts/build_reference.py)")
+    key = open_run(cfg, "generate_images", store, {"generator": fingerprint(store, cfg.generator.path),
+                                                   "prompts": fingerprint(store, cfg.data.prompts)})
     rec = RunRecorder("generate_images", cfg, run_dir, store)
     shards = [{"shard": i, "rows": rows[s:s + cfg.data.shard_size]}
               for i, s in enumerate(range(0, len(rows), cfg.data.shard_size))]
@@ -146,7 +156,7 @@ def main(cfg: GenerateImagesConfig) -> dict:
                                                 num_cpus=cfg.compute.num_cpus_per_actor,
                                                 max_restarts=3, max_task_retries=3, scheduling_strategy="SPREAD")
         actors = [Actor.remote(local, cfg.storage, run_dir, plan, cpu_threads=max(1, int(cfg.compute.num_cpus_per_actor)),
-                               metadata={"config_hash": rec.hash})
+                               metadata={"config_hash": key["hash"]})
                   for _ in range(min(cfg.compute.num_actors, len(shards)))]
         pool = ray.util.ActorPool(actors)
         new = 0
@@ -170,6 +180,7 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str) -> dict:
     from PIL import Image
 
     from jobs.lib import image_report as ir
+    from jobs.lib.metrics import actor_device
 
     items, rejects = _read_all(store, join(run_dir, "items")), _read_all(store, join(run_dir, "rejects"))
     for name, table in (("items", items), ("rejects", rejects)):
@@ -212,6 +223,12 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str) -> dict:
     rec.detail("acceptance_curves", curves)
     rec.figure("rejects", [f"{r['id']}: {r['reason']}" for r in rejects][:20])
     rec.figure("run_dir", run_dir)
+    c = rec.cfg.compute  # cost: the timed batches (an item's e2e_s is its batch's)
+    kind, per_actor = actor_device(c.num_gpus_per_actor, c.num_cpus_per_actor)
+    n_shards = -(-len({r["id"] for r in items + rejects}) // rec.cfg.data.shard_size)
+    rec.device_time("generate", sum(r["e2e_s"] / r["batch_size"] for r in items), per_actor, kind,
+                    actors=min(c.num_actors, n_shards), samples=len(items), tokens=sum(r["tokens"] for r in items),
+                    note="busy: the timed batches of every item in the run directory (warm-ups excluded)")
     return rec.finish(ir.render(tables, quality, ar_stats, plots, grids))
 
 
@@ -245,11 +262,9 @@ def _grid_rows(store: Storage, run_dir: str, items: list[dict], kind: str, Image
 
 if __name__ == "__main__":
     cfg = cli(GenerateImagesConfig, description=__doc__)
-    try:  # an unreadable manifest or generator, or unreachable storage: one line, exit 1
+    # an unreadable manifest or generator, or unreachable storage: one line, exit 1
+    with one_line_errors("generate_images", FileNotFoundError, PermissionError, ConnectionError, ValueError):
         m = main(cfg)
-    except (FileNotFoundError, PermissionError, ConnectionError, ValueError) as err:
-        print(f"generate_images: {type(err).__name__}: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
     f = m["figures"]
     for k, v in f.items():
         if k.endswith("_nfe_accel"):

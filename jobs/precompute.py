@@ -25,16 +25,20 @@ from pydantic import Field  # noqa: E402
 
 from jobs.lib.artifact_store import ARTIFACT_VERSION, committed_shards  # noqa: E402
 from jobs.lib.config import Strict, cli  # noqa: E402
-from jobs.lib.job import ActorPoolSection, JobConfig  # noqa: E402
+from jobs.lib.job import ActorPoolSection, JobConfig, one_line_errors  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
+from jobs.lib.model_cache import model_identity  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
+from jobs.lib.run_key import fingerprint, open_run  # noqa: E402
 from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
 
 
 class DataSection(Strict):
     manifest: str = Field("runs/build_manifests/reference/train.parquet",
                           description="a manifest table (jobs/build_manifests.py output), any URI")
-    limit: int | None = Field(None, ge=1, description="first N manifest rows only")
+    limit: int | None = Field(None, ge=1, description="N manifest rows only: a seeded sample stratified by "
+                              "(source, task) (jobs.lib.subset), not the first N")
+    seed: int = Field(0, description="seed of the `limit` sample")
     max_length: int = Field(2048, ge=8, description="longer samples are rejected")
     shard_size: int = Field(64, ge=1, description="samples per committed shard")
     response_source: Literal["dataset", "target"] = Field(
@@ -44,7 +48,8 @@ class DataSection(Strict):
 
 
 class TargetSection(Strict):
-    path: str = Field("runs/reference/small/target", description="a local model directory")
+    path: str = Field("runs/reference/small/target", description="a model directory: a local path, or any "
+                      "storage URI (s3://: downloaded once per node, jobs.lib.model_cache)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     entropy_layers: tuple[int, int] | None = None   # None: the adapter's (FOVEA: 1..10; Qwen 1..9)
     hidden_dtype: Literal["float16", "bfloat16"] = "float16"
@@ -60,22 +65,24 @@ class PrecomputeConfig(JobConfig):
     compute: ComputeSection = ComputeSection()
 
 
-def plan_shards(store: Storage, manifest: str, limit: int | None, shard_size: int) -> list[dict]:
-    """Deterministic shards over the manifest's row order; each image's visual tokens belong to
-    the first shard that uses it."""
+def plan_shards(store: Storage, manifest: str, limit: int | None, shard_size: int, seed: int = 0) -> list[dict]:
+    """Deterministic shards over the chosen manifest rows (all, or the stratified `limit` sample)
+    in manifest order; each image's visual tokens belong to the first shard that uses it."""
     import pyarrow.parquet as pq
 
+    from jobs.lib.subset import stratified_rows
+
     fs, path = store.arrow_fs(manifest)
-    shas = pq.read_table(path, filesystem=fs, columns=["image_sha256"]).column(0).to_pylist()  # one column only
-    shas = shas[:limit] if limit else shas
+    cols = pq.read_table(path, filesystem=fs, columns=["image_sha256", "source", "task"]).to_pydict()
+    rows = stratified_rows(list(zip(cols["source"], cols["task"])), limit, seed)
+    shas = [cols["image_sha256"][i] for i in rows]
     owner: dict[str, int] = {}
     for i, sha in enumerate(shas):
         owner.setdefault(sha, i // shard_size)
     shards = []
-    for k, start in enumerate(range(0, len(shas), shard_size)):
+    for k, start in enumerate(range(0, len(rows), shard_size)):
         mine = sorted({s for s in shas[start: start + shard_size] if s and owner[s] == k})
-        shards.append({"shard": k, "start": start, "stop": min(start + shard_size, len(shas)),
-                       "owners": ",".join(mine)})
+        shards.append({"shard": k, "rows": rows[start: start + shard_size], "owners": ",".join(mine)})
     return shards
 
 
@@ -91,16 +98,16 @@ def main(cfg: PrecomputeConfig) -> dict:
         raise ConnectionError(f"cannot reach the manifest's storage: {err}") from err
     if not found:
         raise FileNotFoundError(f"manifest {cfg.data.manifest} does not exist")
-    from spec_core.targets import target_identity
-
-    ident = target_identity(cfg.target.path)
+    ident = model_identity(store, cfg.target.path)  # s3://: its config.json only; actors download the rest
+    key = open_run(cfg, "precompute", store, {"target": fingerprint(store, cfg.target.path),
+                                              "manifest": fingerprint(store, cfg.data.manifest)})
     rec = RunRecorder("precompute", cfg, run_dir, store)
-    shards = plan_shards(store, cfg.data.manifest, cfg.data.limit, cfg.data.shard_size)
-    done = committed_shards(store, root)
+    shards = plan_shards(store, cfg.data.manifest, cfg.data.limit, cfg.data.shard_size, cfg.data.seed)
+    done = committed_shards(store, root, key["hash"], shards)
     pending = [s for s in shards if s["shard"] not in done]
     rec.figure("ray", init_ray(cfg.ray)["mode"])
     metadata = {"artifact_version": ARTIFACT_VERSION, "hidden_dtype": cfg.target.hidden_dtype,
-                "entropy_layers": cfg.target.entropy_layers, "config_hash": rec.hash, **ident,
+                "entropy_layers": cfg.target.entropy_layers, "config_hash": key["hash"], **ident,
                 "response_source": cfg.data.response_source}  # target: the answers are the target's own
     if cfg.data.response_source == "target":
         metadata["response_max_new_tokens"] = cfg.data.response_max_new_tokens
@@ -128,7 +135,7 @@ def main(cfg: PrecomputeConfig) -> dict:
             for _ in rec.progress(ds.iter_rows(), total=len(pending), desc="shards"):
                 pass  # each row is one committed shard; its record is the marker, read below
         st["items"] = len(pending)
-    done = committed_shards(store, root)
+    done = committed_shards(store, root, key["hash"], shards)
     missing = [s["shard"] for s in shards if s["shard"] not in done]
     if missing:
         raise RuntimeError(f"{len(missing)} shards not committed: {missing[:10]}")
@@ -138,6 +145,8 @@ def main(cfg: PrecomputeConfig) -> dict:
 def finish(rec: RunRecorder, store: Storage, root: str, shards: list[dict], done: dict, metadata: dict,
            ran: set[int]) -> dict:
     """index.json, metrics: totals over all committed shards, speed over the shards this run did."""
+    from jobs.lib.metrics import actor_device
+
     recs = [done[s["shard"]] for s in shards]
     this = [done[k] for k in sorted(ran)]
     n = sum(r["samples"] for r in recs)
@@ -175,16 +184,19 @@ def finish(rec: RunRecorder, store: Storage, root: str, shards: list[dict], done
     rec.figure("peak_rss_mb_per_actor", round(max((r["peak_rss_mb"] for r in this), default=0), 1))
     rec.figure("peak_private_mb_per_actor", round(max((r.get("peak_private_mb", 0) for r in this), default=0), 1))
     rec.figure("artifacts_uri", root)
+    c = rec.cfg.compute  # cost: the target actors' busy time on this run's shards
+    kind, per_actor = actor_device(c.num_gpus_per_actor, c.num_cpus_per_actor)
+    rec.device_time("precompute", busy, per_actor, kind, actors=c.num_actors if this else 0,
+                    samples=sum(r["samples"] for r in this), tokens=sum(r["tokens"] for r in this),
+                    note="target actors, tokens processed; the 1-CPU encode actor is not counted")
     return rec.finish()
 
 
 if __name__ == "__main__":
     cfg = cli(PrecomputeConfig, description=__doc__)
-    try:  # an unreadable manifest or target, or unreachable storage: one line, exit 1, nothing committed
+    # an unreadable manifest or target, or unreachable storage: one line, exit 1, nothing committed
+    with one_line_errors("precompute", FileNotFoundError, PermissionError, ConnectionError):
         m = main(cfg)
-    except (FileNotFoundError, PermissionError, ConnectionError) as err:
-        print(f"precompute: {type(err).__name__}: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
     f = m["figures"]
     print(f"precompute: {f['samples']} samples, rejects {f['rejects']}, {f['bytes_per_sample']} B/sample "
           f"({f['naive_bytes_ratio']}x a naive dump) -> {f['artifacts_uri']}")

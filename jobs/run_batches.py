@@ -32,10 +32,10 @@ from pydantic import Field  # noqa: E402
 
 from jobs.lib.batch_queue import BatchQueue, Renewer  # noqa: E402
 from jobs.lib.config import ConfigError, Strict, apply_override, build_config, cli, load_yaml, parse_override  # noqa: E402
-from jobs.lib.job import JobConfig, job_entry  # noqa: E402
+from jobs.lib.job import JobConfig, job_entry, one_line_errors  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
-from jobs.lib.storage import Storage  # noqa: E402
+from jobs.lib.storage import Storage, StorageUnavailable  # noqa: E402
 
 BATCH_JOBS = ("generate", "generate_images", "benchmark")  # jobs a request may name
 
@@ -89,6 +89,8 @@ def run_one(queue: BatchQueue, batch: str, defaults: JobConfig) -> dict | None:
             raise renewer.error
         record.update(counts=m["counts"], wall_seconds=m["wall_seconds"],
                       figures={k: v for k, v in m["figures"].items() if not isinstance(v, (dict, list))})
+    except StorageUnavailable:
+        raise  # not the batch's fault: its lease expires and a later run takes it over
     except Exception as err:  # noqa: BLE001 - a failed batch is recorded; the next one runs
         state = "failed"
         record.update(error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=5))
@@ -122,5 +124,7 @@ def main(cfg: RunBatchesConfig) -> dict:
 
 
 if __name__ == "__main__":
-    m = main(cli(RunBatchesConfig, description=__doc__))
+    cfg = cli(RunBatchesConfig, description=__doc__)
+    with one_line_errors("run_batches", FileNotFoundError, PermissionError, ConnectionError):
+        m = main(cfg)
     print(f"run_batches: {m['counts'].get('done', 0)} done, {m['counts'].get('failed', 0)} failed")

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.py` from anywhere
 
 from pydantic import Field  # noqa: E402
 
 from jobs.lib.config import Strict, cli  # noqa: E402
-from jobs.lib.job import JobConfig  # noqa: E402
+from jobs.lib.job import JobConfig, one_line_errors  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
-from jobs.lib.storage import Storage, join  # noqa: E402
+from jobs.lib.run_key import open_run  # noqa: E402
+from jobs.lib.storage import Storage, connection_errors, join  # noqa: E402
 
 from spec_core.reference.tasks import TASKS  # noqa: E402
 
@@ -28,6 +29,8 @@ Task = Literal[TASKS]  # the six task kinds, validated by name
 
 
 class DataSection(Strict):
+    NOT_COMPUTING: ClassVar[frozenset[str]] = frozenset({"rows_per_block"})
+
     seed: int = 0
     per_task: dict[str, int] = Field(default_factory=lambda: {"train": 200, "eval": 50},
                                      description="samples per task, per split name")
@@ -55,7 +58,10 @@ def write_split(split: str, n: int, cfg: SynthDataConfig, out: str, store: Stora
     ds = ds.map_batches(generate_samples, fn_kwargs={"seed": cfg.data.seed},
                         batch_size=cfg.data.rows_per_block, batch_format="pyarrow")
     fs, path = store.arrow_fs(join(out, split))
-    ds.write_parquet(path, filesystem=fs)
+    # a write task is idempotent (Ray Data names its file by write id and task index; the split is
+    # cleared first and _SUCCESS written last): retried when storage drops its connection
+    ds.write_parquet(path, filesystem=fs,
+                     ray_remote_args={"max_retries": 3, "retry_exceptions": list(connection_errors())})
     store.write_text(done, str(len(items)))
     return len(items)
 
@@ -63,6 +69,7 @@ def write_split(split: str, n: int, cfg: SynthDataConfig, out: str, store: Stora
 def main(cfg: SynthDataConfig) -> dict:
     store = Storage(cfg.storage)
     run_dir = cfg.run_dir("synth_data")
+    open_run(cfg, "synth_data", store)
     rec = RunRecorder("synth_data", cfg, run_dir, store)
     info = init_ray(cfg.ray)
     rec.figure("ray", info["mode"])
@@ -79,5 +86,7 @@ def main(cfg: SynthDataConfig) -> dict:
 
 
 if __name__ == "__main__":
-    m = main(cli(SynthDataConfig, description=__doc__))
+    cfg = cli(SynthDataConfig, description=__doc__)
+    with one_line_errors("synth_data", FileNotFoundError, PermissionError, ConnectionError):
+        m = main(cfg)
     print(f"synth_data: {m['figures']['samples_written']} samples -> {m['figures']['data_uri']}")

@@ -18,19 +18,23 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.py` from anywhere
 
 from pydantic import Field  # noqa: E402
 
 from jobs.lib.config import Strict, cli  # noqa: E402
-from jobs.lib.job import JobConfig  # noqa: E402
+from jobs.lib.job import JobConfig, one_line_errors  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
+from jobs.lib.model_cache import model_identity  # noqa: E402
+from jobs.lib.run_key import fingerprint, open_run  # noqa: E402
 from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
 
 
 class DataSection(Strict):
+    NOT_COMPUTING: ClassVar[frozenset[str]] = frozenset({"cpus_per_task", "cache"})
+
     artifacts: str = Field("runs/precompute/reference/artifacts", description="a precompute run's artifacts/, any URI")
     shuffle_buffer: int = Field(256, ge=0, description="rows in each worker's local shuffle buffer (0: none)")
     cpus_per_task: float = Field(0.5, gt=0, description="CPUs of each Ray Data read/attach task")
@@ -38,7 +42,8 @@ class DataSection(Strict):
 
 
 class TargetSection(Strict):
-    path: str = Field("runs/reference/small/target", description="the frozen target's local model directory")
+    path: str = Field("runs/reference/small/target", description="the frozen target's model directory: a local "
+                      "path, or any storage URI (s3://: downloaded once per node, jobs.lib.model_cache)")
 
 
 class DrafterSection(Strict):  # spec_core.fovea.FoveaConfig field for field, + kind and Medusa's
@@ -91,6 +96,8 @@ class LossSection(Strict):  # spec_core.fovea.LossConfig (paper Table 5)
 
 
 class TrainSection(Strict):
+    NOT_COMPUTING: ClassVar[frozenset[str]] = frozenset({"checkpoint_every", "keep_checkpoints"})
+
     epochs: int = Field(12, ge=1)
     per_device_batch: int = Field(4, ge=1)
     grad_accum: int = Field(1, ge=1)
@@ -110,6 +117,8 @@ class TrainSection(Strict):
 
 
 class ComputeSection(Strict):
+    NOT_COMPUTING: ClassVar[frozenset[str]] = frozenset({"cpus_per_worker", "gpus_per_worker", "max_failures"})
+
     num_workers: int = Field(1, ge=1)
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)
@@ -130,7 +139,6 @@ def main(cfg: TrainDrafterConfig) -> dict:
     from jobs.lib.ray_setup import init_ray
     from jobs.lib.train_loop import make_trainer, plan_steps
     from spec_core.fovea import LossConfig
-    from spec_core.targets import target_identity
 
     cfg.drafter.fovea_config(), cfg.drafter.medusa_config(), LossConfig(**cfg.loss.model_dump())  # checks, before Ray
     t, c = cfg.train, cfg.compute
@@ -139,14 +147,15 @@ def main(cfg: TrainDrafterConfig) -> dict:
         raise ValueError(f"ray.num_cpus={cfg.ray.num_cpus} cannot hold {c.num_workers} worker(s) x {c.cpus_per_worker} "
                          f"CPU plus a data task of {cfg.data.cpus_per_task}: the job would wait forever")
     store, run_dir = Storage(cfg.storage), cfg.run_dir("train_drafter")
-    if scheme_of(cfg.target.path) != "file":
-        raise ValueError(f"target.path must be a local model directory, not {cfg.target.path}")
-    work = cfg.model_copy(deep=True)  # what the workers get: the target path made absolute
-    work.target.path = str(Path(cfg.target.path).resolve())
+    work = cfg.model_copy(deep=True)  # what the workers get: a local target path made absolute
+    if scheme_of(cfg.target.path) == "file":  # s3://: each worker's node downloads it (jobs.lib.model_cache)
+        work.target.path = str(Path(cfg.target.path).resolve())
     art = open_artifacts(store, cfg.data.artifacts)  # bad artifacts or another target: stop here
-    check_target(art, target_identity(work.target.path))
+    check_target(art, model_identity(store, work.target.path))
     plan = plan_steps(art.n_samples, c.num_workers, t.per_device_batch, t.grad_accum, t.epochs, t.max_steps,
                       t.warmup_steps)
+    open_run(cfg, "train_drafter", store, {"target": fingerprint(store, work.target.path),
+                                           "artifacts": fingerprint(store, join(cfg.data.artifacts, "index.json"))})
     rec = RunRecorder("train_drafter", cfg, run_dir, store)
     rec.figure("ray", init_ray(cfg.ray)["mode"])
     trainer = make_trainer(work, plan, art, store, run_dir)
@@ -158,6 +167,7 @@ def main(cfg: TrainDrafterConfig) -> dict:
 
 def finish(rec: RunRecorder, store: Storage, run_dir: str, result, plan, n_samples: int) -> dict:
     """The drafter and the step log out of the final checkpoint; headline figures."""
+    from jobs.lib.metrics import actor_device
     from jobs.lib.train_loop import summarize
 
     ckpt = join(run_dir, "checkpoints", Path(result.checkpoint.path).name)
@@ -175,16 +185,22 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str, result, plan, n_sampl
         rec.figure(name, value)
     rec.figure("checkpoint", ckpt)
     rec.figure("drafter_uri", join(run_dir, "drafter"))
+    c, start = rec.cfg.compute, state["resumed_from"][-1] if state["resumed_from"] else 0
+    mine = [h for h in state["history"] if h["step"] > start]  # this run's step log (every rank in step)
+    kind, per_worker = actor_device(c.gpus_per_worker, c.cpus_per_worker)
+    rec.device_time("train", sum(h["seconds"] for h in mine) * plan.world, per_worker, kind, actors=plan.world,
+                    samples=(state["step"] - start) * t.per_device_batch * t.grad_accum * plan.world,
+                    tokens=sum(h["tokens"] for h in mine),
+                    note="busy: the step log's seconds x workers (start-up and export excluded); samples and "
+                         "tokens trained on, epochs counted")
     return rec.finish()
 
 
 def cli_main() -> int:
     cfg = cli(TrainDrafterConfig, description=__doc__)
-    try:  # bad artifacts, a mismatched or missing target: one line, exit 1, before any training
+    # bad artifacts, a mismatched or missing target: one line, exit 1, before any training
+    with one_line_errors("train_drafter", ValueError, FileNotFoundError, PermissionError, ConnectionError):
         m = main(cfg)
-    except (ValueError, FileNotFoundError, PermissionError, ConnectionError) as err:
-        print(f"train_drafter: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
     f = m["figures"]
     print(f"train_drafter: {f['steps']} steps, loss {f.get('first_loss')} -> {f.get('final_loss')}, "
           f"top1 per depth {f.get('top1_per_depth')}, {f.get('tokens_per_s')} tok/s -> {f['drafter_uri']}")

@@ -35,11 +35,17 @@ QUALITY_PER_TASK = {"tiny": 2, "small": 50}    # of which this many are scored b
 
 
 def content_hash(size: str, seed: int) -> str:
-    """What the build depends on: reference-world code, this script, size, seed, torch version."""
+    """What the build depends on: reference-world code, this script, size, seed, torch version.
+
+    report.py only renders metrics.json (its bars and wording): a change there re-renders
+    report.md on the next call instead of rebuilding the world.
+    """
     import torch
 
     h = hashlib.sha256(f"{size}|{seed}|torch {torch.__version__}".encode())
-    files = sorted((REPO / "spec_core" / "reference").rglob("*.py")) + [Path(__file__).resolve()]
+    code = sorted((REPO / "spec_core" / "reference").rglob("*.py"))
+    files = [p for p in code if p.name != "report.py" or p.parent.name != "reference"]
+    files.append(Path(__file__).resolve())
     for p in files:
         h.update(str(p.relative_to(REPO)).encode())
         h.update(p.read_bytes())
@@ -136,11 +142,20 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", required=True, help="storage URI (local path or s3://...)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="rebuild even when the cache matches")
+    ap.add_argument("--check", action="store_true", help="only say whether the build is cached (exit 0) or not (1)")
     args = ap.parse_args(argv)
     store, digest = Storage(), content_hash(args.size, args.seed)
+    if args.check:
+        cached = is_cached(store, args.out, digest)
+        print(f"reference world '{args.size}' at {args.out}: {'cached' if cached else 'to be built'}")
+        raise SystemExit(0 if cached else 1)
     if not args.force and is_cached(store, args.out, digest):
         print(f"reference world '{args.size}' is up to date at {args.out} (hash {digest}): nothing to do")
-        return json.loads(store.read_text(join(args.out, "metrics.json")))
+        metrics = json.loads(store.read_text(join(args.out, "metrics.json")))
+        report, report_uri = render_report(metrics), join(args.out, "report.md")
+        if not store.exists(report_uri) or store.read_text(report_uri) != report:
+            store.write_text(report_uri, report)    # the bars or wording changed, not the world
+        return metrics
     t0 = time.perf_counter()
     local_parent = args.out if scheme_of(args.out) == "file" and "://" not in args.out else None
     if local_parent:

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The main job chains on the embedded default (local directories, a local Ray, the reference world).
-#   bash scripts/demo.sh            # full run
-#   QUICK=1 bash scripts/demo.sh    # a few minutes: the tiny world, fewer samples
-# Outputs go under $OUT (default runs/demo), the reference world under runs/reference/<size>;
-# the last lines are a summary table.
+# The main job chain on the embedded default (local directories, a local Ray, the reference world).
+#   bash scripts/demo.sh            # full run on the `small` world: FOVEA against AR, measured
+#   QUICK=1 bash scripts/demo.sh    # a few minutes on the `tiny` world: every job runs, outputs are
+#                                   # checked lossless; its speed figures mean nothing (untrained world)
+# Outputs go under $OUT (default runs/demo) with run id reference-<world>, the reference world under
+# runs/reference/<world>. QUICK and full runs never share a run directory, and a rerun with other
+# settings replaces the old run (run.on_mismatch=restart) instead of mixing into it.
+# The last lines are a summary: what ran, what it shows, where the reports are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK="${QUICK:-0}"
@@ -11,11 +14,10 @@ OUT="${OUT:-runs/demo}"
 export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY=.venv/bin/python
+T0=$(date +%s)
 
-step() { printf '\n=== %s ===\n' "$*"; }
-
-step "install (once)"
-bash scripts/install.sh
+step() { printf '\n=== %s === (%s elapsed)\n' "$1" "$(elapsed)"; }
+elapsed() { local s=$(( $(date +%s) - T0 )); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
 
 if [ "$QUICK" = 1 ]; then
   WORLD=tiny
@@ -24,50 +26,66 @@ if [ "$QUICK" = 1 ]; then
   EPOCHS=2
   GEN_LIMIT=2             # evaluation samples per task
   IMG_LIMIT=2             # image prompts and video prompts
+  BUILD_MIN=1; JOBS_MIN=5 # measured on 2 cores (see README)
+  ETA=(1 1 1 1 1 1)       # minutes per job: synth_data build_manifests precompute train generate images
 else
   WORLD=small
   DATA_SET=()
-  PRECOMPUTE_LIMIT=1200   # of the 12,000 training samples: a few CPU minutes
+  PRECOMPUTE_LIMIT=1200   # of the 11,994 training samples: a stratified sample of all six tasks
   EPOCHS=3
-  GEN_LIMIT=10
+  GEN_LIMIT=10            # evaluation samples per task
   IMG_LIMIT=8
+  BUILD_MIN=60; JOBS_MIN=25
+  ETA=(1 1 4 6 10 4)
 fi
 REFERENCE="${REFERENCE:-runs/reference/$WORLD}"
+RID="reference-$WORLD"
+RUN=(--set "run.output_uri=$OUT" --set "run.run_id=$RID" --set run.on_mismatch=restart)
+
+step "install (once)"
+bash scripts/install.sh
+
+if $PY scripts/build_reference.py --size "$WORLD" --out "$REFERENCE" --check >/dev/null 2>&1; then
+  echo "expected: about $JOBS_MIN minutes on 2 cores (the reference world '$WORLD' is already built)"
+else
+  echo "expected: about $((BUILD_MIN + JOBS_MIN)) minutes on 2 cores: the reference world '$WORLD' is built once"
+  echo "(about $BUILD_MIN min, then cached), then the jobs take about $JOBS_MIN min"
+fi
 
 step "reference world '$WORLD' -> $REFERENCE (built once, then a cache hit)"
 $PY scripts/build_reference.py --size "$WORLD" --out "$REFERENCE"
 
-step "synth_data: the reference world's six-task dataset, rendered with Ray Data"
-$PY jobs/synth_data.py --config manifests/jobs/synth_data.yaml --set "run.output_uri=$OUT" "${DATA_SET[@]}"
+step "synth_data: the reference world's six-task dataset, rendered with Ray Data (about ${ETA[0]} min)"
+$PY jobs/synth_data.py --config manifests/jobs/synth_data.yaml "${RUN[@]}" "${DATA_SET[@]}"
 
-step "build_manifests: the drafter's training pool and evaluation manifests from the reference world"
-$PY jobs/build_manifests.py --config manifests/jobs/build_manifests.yaml \
-    --set "run.output_uri=$OUT" --set run.run_id=reference --set "data.vars.REF=$REFERENCE"
+step "build_manifests: the drafter's training pool and evaluation manifests (about ${ETA[1]} min)"
+$PY jobs/build_manifests.py --config manifests/jobs/build_manifests.yaml "${RUN[@]}" --set "data.vars.REF=$REFERENCE"
+MANIFESTS="$OUT/build_manifests/$RID"
 
-step "precompute: drafter-training artifacts from the frozen target (Ray Data, actor pool)"
-$PY jobs/precompute.py --config manifests/jobs/precompute.yaml --set "run.output_uri=$OUT" \
-    --set run.run_id=reference --set "data.manifest=$OUT/build_manifests/reference/train.parquet" \
-    --set "target.path=$REFERENCE/target" --set "data.limit=$PRECOMPUTE_LIMIT"
+step "precompute: drafter-training artifacts from the frozen target, Ray Data actor pool (about ${ETA[2]} min)"
+$PY jobs/precompute.py --config manifests/jobs/precompute.yaml "${RUN[@]}" \
+    --set "data.manifest=$MANIFESTS/train.parquet" --set "target.path=$REFERENCE/target" \
+    --set "data.limit=$PRECOMPUTE_LIMIT"
 
-step "train_drafter: the FOVEA drafter on those artifacts (Ray Train + DeepSpeed ZeRO-2)"
-$PY jobs/train_drafter.py --config manifests/jobs/train_drafter.yaml --set "run.output_uri=$OUT" \
-    --set run.run_id=reference --set "data.artifacts=$OUT/precompute/reference/artifacts" \
-    --set "target.path=$REFERENCE/target" --set "train.epochs=$EPOCHS"
+step "train_drafter: the FOVEA drafter, Ray Train + DeepSpeed ZeRO-2 (about ${ETA[3]} min)"
+$PY jobs/train_drafter.py --config manifests/jobs/train_drafter.yaml "${RUN[@]}" \
+    --set "data.artifacts=$OUT/precompute/$RID/artifacts" --set "target.path=$REFERENCE/target" \
+    --set "train.epochs=$EPOCHS"
 
-step "generate: answers and captions, FOVEA speculative decoding against AR (Ray actor pool)"
-DRAFTER="$OUT/train_drafter/reference/drafter"
-$PY jobs/generate.py --config manifests/jobs/generate.yaml --set "run.output_uri=$OUT" \
-    --set run.run_id=reference --set "data.manifest=$OUT/build_manifests/reference/eval" \
-    --set "data.limit_per_source=$GEN_LIMIT" --set "target.path=$REFERENCE/target" \
+step "generate: answers and captions, FOVEA speculative decoding against AR, Ray actor pool (about ${ETA[4]} min)"
+DRAFTER="$OUT/train_drafter/$RID/drafter"
+$PY jobs/generate.py --config manifests/jobs/generate.yaml "${RUN[@]}" \
+    --set "data.manifest=$MANIFESTS/eval" --set "data.limit_per_source=$GEN_LIMIT" \
+    --set "target.path=$REFERENCE/target" \
     --set "methods.fovea.drafter=$DRAFTER" --set "methods.fovea_cpu.drafter=$DRAFTER" \
     --set 'compare=[ar, fovea, fovea_cpu]' --set 'compute.batch_sizes=[1, 4]'
-echo "report: $OUT/generate/reference/report.md"
 
-step "generate_images: images and videos, SJD / SCD against AR (Ray actor pool)"
-$PY jobs/generate_images.py --config manifests/jobs/generate_images.yaml --set "run.output_uri=$OUT" \
-    --set run.run_id=reference --set "generator.path=$REFERENCE/generator" \
-    --set "data.limit_per_kind=$IMG_LIMIT" --set compute.num_actors=2
-echo "report: $OUT/generate_images/reference/report.md"
+step "generate_images: images and videos, SJD / SCD against AR, Ray actor pool (about ${ETA[5]} min)"
+$PY jobs/generate_images.py --config manifests/jobs/generate_images.yaml "${RUN[@]}" \
+    --set "generator.path=$REFERENCE/generator" --set "data.limit_per_kind=$IMG_LIMIT" --set compute.num_actors=2
 
 step "summary"
-$PY scripts/demo_summary.py "$OUT" "$REFERENCE"
+SUMMARY=(--out "$OUT" --run-id "$RID" --world "$REFERENCE")
+[ "$QUICK" = 1 ] && SUMMARY+=(--quick)
+$PY scripts/demo_summary.py "${SUMMARY[@]}"
+echo "demo: done in $(elapsed)"

@@ -8,7 +8,8 @@
 
 Shard k always holds the same manifest rows, every file is written atomically (one PUT, or
 write + rename), and a shard counts only once its marker exists: a killed run is rerun by
-redoing exactly the shards without a marker, so nothing is lost or duplicated. An image's visual
+redoing exactly the shards without a marker, so nothing is lost or duplicated. Each marker
+records the run key's hash and the rows it covers (jobs.lib.run_key), checked on resume. An image's visual
 tokens live in its owner shard (the first shard that uses it): deduplicated across the run.
 """
 
@@ -59,12 +60,22 @@ def marker_uri(root: str, k: int) -> str:
     return join(root, "_committed", f"{shard_name(k)}.json")
 
 
-def committed_shards(store: Storage, root: str) -> dict[int, dict]:
-    """shard index -> its marker record."""
+def committed_shards(store: Storage, root: str, run_hash: str | None = None,
+                     plan: list[dict] | None = None) -> dict[int, dict]:
+    """shard index -> its marker record. With `run_hash` and the `plan` of shards, every marker
+    must have been committed by this run key over the same rows (RunMismatch otherwise): a
+    marker is never taken for work it does not hold."""
+    from jobs.lib.run_key import RunMismatch
+
+    rows = {s["shard"]: s["rows"] for s in plan or []}
     out = {}
     for name in store.list(join(root, "_committed")):
         if name.startswith("shard-") and name.endswith(".json"):
-            out[int(name[6:11])] = json.loads(store.read_text(join(root, "_committed", name)))
+            k, rec = int(name[6:11]), json.loads(store.read_text(join(root, "_committed", name)))
+            if run_hash is not None and (rec.get("config_hash") != run_hash or rec.get("rows") != rows.get(k)):
+                raise RunMismatch(f"{root}: the marker of shard {k} was committed by run key "
+                                  f"{rec.get('config_hash')} over other rows than this run (key {run_hash}) plans")
+            out[k] = rec
     return out
 
 
@@ -84,7 +95,7 @@ def commit_shard(store: Storage, root: str, k: int, rows: dict[str, list[dict]],
         data = table_bytes(pa.Table.from_pylist(kind_rows, schema=kinds[kind]), metadata)
         store.write_bytes(join(root, kind, f"{shard_name(k)}.parquet"), data)
         written += len(data) if kind != "rejects" else 0
-    record = {**record, "shard": k, "bytes": written}
+    record = {**record, "shard": k, "bytes": written, "config_hash": metadata.get("config_hash")}
     store.write_text(marker_uri(root, k), json.dumps(record))
     return record
 

@@ -10,6 +10,12 @@ lease is taken over only once it has expired: its holder renews it while the bat
 holder that died stops renewing. The next holder reruns the job in the same run directory, where
 the job's own commit markers skip the work already done: nothing completed is redone. A batch
 whose status record exists is finished; its leftover pending request is removed.
+
+Every queue operation rides out storage outages (jobs.lib.storage retries each call for
+`storage.retry_seconds`); each is safe to repeat: a lease body names its owner and expiry, so a
+claim whose answer was lost and whose retry finds the lease already there recognises its own
+bytes; renewals and status records are whole-object overwrites; deletes ignore what is gone.
+Storage down past the budget raises StorageUnavailable: never taken for 'held by another'.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ import json
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
-from jobs.lib.storage import Storage, join
+from jobs.lib.storage import Storage, StorageUnavailable, join
 
 STATES = ("done", "failed")
 
@@ -37,8 +44,10 @@ class LeaseLost(RuntimeError):
 
 
 class BatchQueue:
-    def __init__(self, store: Storage, uri: str, owner: str, lease_seconds: float):
+    def __init__(self, store: Storage, uri: str, owner: str, lease_seconds: float,
+                 clock: Callable[[], float] = time.time):
         self.store, self.uri, self.owner, self.lease_seconds = store, uri, owner, lease_seconds
+        self.clock = clock  # seconds since the epoch; injectable, so tests need no sleeps
 
     def _lease_uri(self, batch: str, generation: int) -> str:
         return join(self.uri, "leases", batch, f"{generation:06d}.json")
@@ -69,18 +78,20 @@ class BatchQueue:
         if gens:
             try:
                 held = json.loads(self.store.read_text(self._lease_uri(batch, gens[-1])))
+            except StorageUnavailable:
+                raise  # an outage, not a lease being written
             except (ValueError, OSError):
                 return None  # being written: held
-            if held["expires_unix"] > time.time():
+            if held["expires_unix"] > self.clock():
                 return None
-        lease = Lease(batch, gens[-1] + 1 if gens else 0, self.owner, time.time() + self.lease_seconds)
+        lease = Lease(batch, gens[-1] + 1 if gens else 0, self.owner, self.clock() + self.lease_seconds)
         body = json.dumps({"owner": lease.owner, "expires_unix": lease.expires_unix}).encode()
         return lease if self.store.create_exclusive(self._lease_uri(batch, lease.generation), body) else None
 
     def renew(self, lease: Lease) -> None:
         if self._generations(lease.batch)[-1] != lease.generation:
             raise LeaseLost(f"batch {lease.batch}: lease {lease.generation} was taken over")
-        lease.expires_unix = time.time() + self.lease_seconds
+        lease.expires_unix = self.clock() + self.lease_seconds
         self.store.write_text(self._lease_uri(lease.batch, lease.generation),
                               json.dumps({"owner": lease.owner, "expires_unix": lease.expires_unix}))
 

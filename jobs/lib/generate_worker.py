@@ -2,9 +2,12 @@
 decodes one shard of an evaluation manifest with every method and commits it.
 
 Per shard: manifest rows -> encoded conversations (jobs.lib.precompute_stages.encode_row; a bad
-image or an over-long prompt is a reject with its reason) -> for each sample, each method in turn
-(interleaved, so that drift of a shared machine hits every method alike) decodes every assistant
-turn at batch 1 with the conversation so far (earlier turns hold that method's own answers) ->
+image is a reject with its reason; a user turn without an answer - MMSpec's `turns`, consecutive
+user prompts - gets a stand-in answer, `with_answer_slots`) -> for each sample, each method in turn
+(interleaved, so that drift of a shared machine hits every method alike) answers every user turn
+at batch 1 with the conversation so far (earlier turns hold that method's own answers; a turn
+whose prompt is over max_length, or whose prompt plus max_new_tokens is beyond the target's
+position table, is a reject with its reason and ends that sample's conversation) ->
 then, for each batch size > 1, the same turn prompts as one request stream through a continuous-
 batching engine of that size (throughput; outputs checked against batch 1 when greedy) -> tables
 committed with a marker (jobs.lib.artifact_store), so a rerun skips the shard.
@@ -24,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs.lib.ray_setup import where_am_i
-from jobs.lib.storage import Storage, StorageConfig
+from jobs.lib.storage import Storage, StorageConfig, StorageUnavailable
 
 RESPONSES_SCHEMA = pa.schema([
     ("id", pa.string()), ("source", pa.string()), ("task", pa.string()), ("turn", pa.int32()),
@@ -82,22 +85,25 @@ class GenerateWorker:
                  seed: int = 0, cpu_threads: int = 1, track_visual: bool = False, metadata: dict | None = None):
         import torch
 
+        from jobs.lib.model_cache import local_model_dir
         from spec_core.decoding import SamplingConfig, load_drafter
         from spec_core.targets import load_target
         from spec_core.targets.encode import load_image_encoder
 
         torch.set_num_threads(max(1, cpu_threads))
+        target_path = local_model_dir(target_path, storage)  # s3://: downloaded once per node
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = ("bfloat16" if self.device == "cuda" else "float32") if dtype == "auto" else dtype
         self.adapter = load_target(target_path, dtype=getattr(torch, dtype), device=self.device)
         self.encoder = load_image_encoder(target_path)
         self.identity, self.methods = target_identity, methods
-        self.drafters = {m.drafter: load_drafter(m.drafter, self.adapter)
+        self.drafters = {m.drafter: load_drafter(local_model_dir(m.drafter, storage), self.adapter)
                          .to(self.device, getattr(torch, dtype)).eval()
                          for m in methods if m.drafter is not None}
         self.store, self.out = Storage(storage), out_uri
         self.manifests: dict[str, pa.Table] = {}
         self.max_length, self.max_new = max_length, max_new_tokens
+        self.max_positions = self.adapter.max_positions
         self.batch_sizes = tuple(batch_sizes)
         self.sampling = SamplingConfig(**(sampling or {}))
         self.seed, self.metadata = seed, {k: str(v) for k, v in (metadata or {}).items()}
@@ -151,10 +157,12 @@ class GenerateWorker:
 
     # --- one sample, one method, turn by turn ----------------------------------------------------
     def _conversation(self, method: MethodPlan, sample: dict, out: dict) -> list[dict]:
-        """Decode every assistant turn at batch 1; returns the turn prompts (for throughput)."""
+        """Answer every turn at batch 1, each answer in the next turn's prompt; returns the turn
+        prompts (for throughput)."""
         import torch
 
         from spec_core.decoding import Request
+        from spec_core.targets import position_overflow
         from spec_core.targets.encode import assistant_spans, splice_answer
 
         ids, mask = sample["input_ids"], sample["loss_mask"]
@@ -163,9 +171,11 @@ class GenerateWorker:
             span = assistant_spans(mask)[turn]
             prompt = ids[: span[0]]
             base = {"id": sample["id"], "source": sample["source"], "method": method.name, "turn": turn}
-            if len(prompt) > self.max_length:
-                out["rejects"].append({**base, "stage": "decode", "reason":
-                                       f"too long: prompt of {len(prompt)} tokens > max_length {self.max_length}"})
+            reason = (f"too long: prompt of {len(prompt)} tokens > max_length {self.max_length}"
+                      if len(prompt) > self.max_length else
+                      position_overflow(len(prompt), self.max_new, self.max_positions))
+            if reason is not None:  # before decoding: never past the position table, silently
+                out["rejects"].append({**base, "stage": "decode", "reason": reason})
                 return prompts
             inputs = self._inputs(prompt, sample["images"])
             engine = self._engine(method, 1, inputs)
@@ -224,15 +234,15 @@ class GenerateWorker:
     # --- one shard -------------------------------------------------------------------------------
     def _encode(self, rows: list[dict]) -> tuple[list[dict], list[dict]]:
         from jobs.lib.precompute_stages import encode_row
-        from spec_core.targets.encode import EncodeError
+        from spec_core.targets.encode import EncodeError, with_answer_slots
 
         samples, rejects = [], []
         for row in rows:
-            conv = list(row.get("conversation") or [])
-            if conv and conv[-1].get("role") == "user":  # prompt-only rows: a stand-in answer to replace
-                conv.append({"role": "assistant", "content": "."})
+            conv = with_answer_slots(list(row.get("conversation") or []))  # stand-ins the methods replace
             try:
                 enc = encode_row({**row, "conversation": conv}, self.encoder, self.store, None)
+            except StorageUnavailable:
+                raise  # the job's, not the sample's
             except (EncodeError, ValueError, OSError) as err:
                 rejects.append({"id": row.get("id"), "source": row.get("source"), "method": None, "turn": None,
                                 "stage": "encode", "reason": str(err)})
@@ -254,7 +264,7 @@ class GenerateWorker:
         phases0 = {k: dict(e.phase_s) for k, e in self.engines.items()}
         if item["manifest"] not in self.manifests:
             self.manifests[item["manifest"]] = pq.read_table(io.BytesIO(self.store.read_bytes(item["manifest"])))
-        rows = self.manifests[item["manifest"]].slice(item["start"], item["stop"] - item["start"]).to_pylist()
+        rows = self.manifests[item["manifest"]].take(list(item["rows"])).to_pylist()
         samples, rejects = self._encode(rows)
         out = {"responses": [], "metrics": [], "rejects": rejects}
         prompts: dict[str, list[dict]] = {m.name: [] for m in self.methods}
@@ -274,7 +284,8 @@ class GenerateWorker:
             if str(batch) in throughput[name]:
                 before = phases0.get((name, batch), {})
                 throughput[name][str(batch)]["phases"] = {p: v - before.get(p, 0.0) for p, v in engine.phase_s.items()}
-        record = {"samples": len(samples), "rejects": len(out["rejects"]), "throughput": throughput,
+        record = {"rows": list(item["rows"]),  # the manifest rows this marker covers
+                  "samples": len(samples), "rejects": len(out["rejects"]), "throughput": throughput,
                   "state_bytes": dict(self.peak_state), "gpu_peak_bytes": dict(self.gpu_peak),
                   "busy_seconds": time.perf_counter() - t0, **where_am_i(),
                   "finished_unix": time.time()}

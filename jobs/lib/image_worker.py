@@ -61,11 +61,12 @@ class ImageWorker:
                  cpu_threads: int = 1, metadata: dict | None = None):
         import torch
 
+        from jobs.lib.model_cache import local_model_dir
         from spec_core.reference.generator import load_generator
         from spec_core.scd.adapters.reference import ReferenceGenerator
 
         torch.set_num_threads(max(1, cpu_threads))
-        self.bundle = load_generator(generator_path)
+        self.bundle = load_generator(local_model_dir(generator_path, storage))  # s3://: once per node
         if torch.cuda.is_available():
             for lm in (self.bundle.image_lm, self.bundle.video_lm):
                 if lm is not None:

@@ -2,44 +2,73 @@
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
+from typing import ClassVar, Iterator, Literal
+
 from pydantic import Field
 
-from jobs.lib.config import Strict, config_hash
+from jobs.lib.config import EXIT_CONFIG_ERROR, ConfigError, Strict
 from jobs.lib.ray_setup import RayConfig
-from jobs.lib.storage import StorageConfig, run_dir
+from jobs.lib.storage import StorageConfig, connection_errors, run_dir
 
 
 class RunSection(Strict):
-    """Where outputs go. run_id=None -> 'cfg-<hash of the config>': re-running the same config
-    lands in the same run directory, which is how killed jobs resume."""
+    """Where outputs go. run_id=None -> 'cfg-<hash of the computing config>': re-running the same
+    config lands in the same run directory, which is how killed jobs resume. A run directory
+    belongs to one computing config (jobs.lib.run_key): on_mismatch says what a rerun with another
+    one does - stop before any work (fail) or remove the old run and start afresh (restart)."""
 
     output_uri: str = "runs"
     run_id: str | None = None
+    on_mismatch: Literal["fail", "restart"] = "fail"
 
 
 class ActorPoolSection(Strict):
     """An actor pool: its size and each actor's resources (a GPU fraction shares a GPU). Jobs
     subclass it as their `compute` section and add their batching fields."""
 
+    NOT_COMPUTING: ClassVar[frozenset[str]] = frozenset({"num_actors", "num_gpus_per_actor", "num_cpus_per_actor"})
+
     num_actors: int = Field(1, ge=1, description="actor pool size (model replicas)")
     num_gpus_per_actor: float = Field(0.0, ge=0)
     num_cpus_per_actor: float = Field(1.0, gt=0)
 
 
+class PriceSection(Strict):
+    gpu: float | None = Field(None, ge=0, description="price of one GPU-hour, any currency (null: no cost line)")
+    cpu: float | None = Field(None, ge=0, description="price of one CPU-hour, any currency (null: no cost line)")
+
+
+class CostSection(Strict):
+    """Prices that turn the device-seconds of metrics.json's cost block into money (jobs.lib.metrics)."""
+
+    price_per_device_hour: PriceSection = PriceSection()
+
+
 class JobConfig(Strict):
-    """Root of every job config: subclass it and add the job's own sections."""
+    """Root of every job config: subclass it and add the job's own sections. A section lists in
+    NOT_COMPUTING the fields that cannot change a run's outputs (jobs.lib.run_key)."""
+
+    NOT_COMPUTING: ClassVar[frozenset[str]] = frozenset({"run", "storage", "ray", "cost"})
 
     run: RunSection = RunSection()
     storage: StorageConfig = StorageConfig()
     ray: RayConfig = RayConfig()
+    cost: CostSection = CostSection()
 
     def resolved_run_id(self) -> str:
         if self.run.run_id:
             return self.run.run_id
-        # The hash leaves out where the run is written and how Ray is reached: the same work
-        # submitted from another machine or into another bucket keeps its id.
-        work = self.model_copy(update={"run": RunSection(), "ray": RayConfig(), "storage": StorageConfig()})
-        return f"cfg-{config_hash(work)}"
+        # Only the computing fields: the same work submitted from another machine, into another
+        # bucket or with more actors keeps its id.
+        from jobs.lib.run_key import computing_fields, key_hash
+
+        return f"cfg-{key_hash(computing_fields(self.computing()))}"
+
+    def computing(self) -> "JobConfig":
+        """The config as far as it determines outputs (a job may drop parts it does not run)."""
+        return self
 
     def run_dir(self, job: str) -> str:
         return run_dir(self.run.output_uri, job, self.resolved_run_id())
@@ -53,3 +82,42 @@ def job_entry(job: str):
     (cls,) = {v for v in vars(module).values() if isinstance(v, type) and issubclass(v, JobConfig)
               and v is not JobConfig and v.__module__ == module.__name__}
     return cls, module.main
+
+
+@contextmanager
+def one_line_errors(job: str, *user_errors: type[BaseException]) -> Iterator[None]:
+    """Around a job's main(): a run of another config in the run directory (RunMismatch) or a
+    config error -> its one line on stderr, exit 2; the job's `user_errors` (unreadable inputs,
+    unreachable storage) -> 'job: Type: message', exit 1, also when raised inside a Ray task,
+    actor or Ray Data stage. Anything else is a bug: a traceback."""
+    from jobs.lib.run_key import RunMismatch
+
+    try:
+        yield
+    except Exception as raised:
+        kind, message = _ray_cause(raised)
+        if issubclass(kind, (RunMismatch, ConfigError)):
+            print(message, file=sys.stderr)
+            raise SystemExit(EXIT_CONFIG_ERROR) from None
+        # botocore's connection errors (raw out of pyarrow / Ray Data I/O) count as ConnectionError
+        boto = connection_errors() if "botocore" in sys.modules else ()
+        if issubclass(kind, user_errors) or (issubclass(kind, boto) and issubclass(ConnectionError, user_errors)):
+            print(f"{job}: {kind.__name__}: {message}", file=sys.stderr)
+            raise SystemExit(1) from None
+        raise
+
+
+def _ray_cause(err: BaseException) -> tuple[type, str]:
+    """(class, message) of the user's exception inside Ray's wrappers: a task's or actor's
+    RayTaskError holds it as `.cause` (its own str() is a whole traceback); Ray Data stages raise
+    the original exception (init_ray sets `raise_original_map_exception`), whose message may carry
+    Ray Data's retry advice after its first line."""
+    ray_exc = sys.modules.get("ray.exceptions")
+    for _ in range(8 if ray_exc else 0):
+        if isinstance(err, ray_exc.RayTaskError) and err.cause is not None and err.cause is not err:
+            err = err.cause
+        elif isinstance(err, ray_exc.UserCodeException) and err.__cause__ is not None:
+            err = err.__cause__
+        else:
+            break
+    return type(err), (str(err).splitlines() or [""])[0]

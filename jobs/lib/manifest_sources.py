@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
 from jobs.lib.config import Strict
-from jobs.lib.storage import Storage, _s3_kwargs, join, scheme_of
+from jobs.lib.storage import Storage, StorageUnavailable, _s3_kwargs, join, scheme_of
 from spec_core.reference.tasks import IMAGE_TOKEN
 
 ERROR_KEY = "__manifest_error__"  # key of a record that could not even be parsed (a bad JSONL line)
@@ -184,6 +184,8 @@ def read_image(value: Any, spec: ImageSpec, store: Storage) -> tuple[str | None,
             data = store.read_bytes(uri)
         except FileNotFoundError:
             return f"image not found: {uri}"
+        except StorageUnavailable:
+            raise  # the build's, not the row's
         except OSError as err:
             return f"image unreadable: {uri}: {err}"
     else:

@@ -4,7 +4,9 @@
 loss mask, processor inputs; bad rows become rejects with a reason. `TargetStage` (an actor pool,
 one frozen target per actor): encoded shard -> one prefill per micro-batch -> artifacts, written
 and committed as one shard (jobs.lib.artifact_store). Both pass whole shards, so that a shard is
-the unit of commit and of resume.
+the unit of commit and of resume. A sample longer than the target's position table (the text
+config's max_position_embeddings) is rejected with the reason before its prefill; with
+response_source "target", so is one whose prompt at some turn plus max_new_tokens is beyond it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from jobs.lib.ray_setup import where_am_i
-from jobs.lib.storage import Storage, StorageConfig
+from jobs.lib.storage import Storage, StorageConfig, StorageUnavailable
 
 
 def _image(row: dict, store: Storage):
@@ -44,6 +46,8 @@ def encode_row(row: dict, encoder, store: Storage, max_length: int | None) -> di
         raise EncodeError("no image")
     try:
         image = _image(row, store)
+    except StorageUnavailable:
+        raise  # the job's, not the sample's: it stops and reruns, the sample is not rejected
     except Exception as err:  # noqa: BLE001 - any decode failure is the sample's, not the job's
         raise EncodeError(f"image unreadable: {type(err).__name__}: {err}") from None
     images = encoder([image])
@@ -54,25 +58,28 @@ def encode_row(row: dict, encoder, store: Storage, max_length: int | None) -> di
 
 
 class EncodeShard:
-    """CPU stage: {shard, start, stop, owners} -> the same row plus the pickled encoded samples."""
+    """CPU stage: {shard, rows, owners} -> the same row plus the pickled encoded samples."""
 
     def __init__(self, manifest_uri: str, target_path: str, storage: StorageConfig, max_length: int | None):
+        from jobs.lib.model_cache import local_model_dir
         from spec_core.targets.encode import load_image_encoder
 
         self.store, self.max_length = Storage(storage), max_length
         self.manifest = pq.read_table(io.BytesIO(self.store.read_bytes(manifest_uri)))
-        self.encoder = load_image_encoder(target_path)
+        self.encoder = load_image_encoder(local_model_dir(target_path, storage))  # s3://: once per node
 
     def __call__(self, item: dict) -> dict:
         from spec_core.targets.encode import EncodeError
 
         t0 = time.perf_counter()
-        rows = self.manifest.slice(item["start"], item["stop"] - item["start"])
+        rows = self.manifest.take(list(item["rows"]))
         samples, rejects, orphans = [], [], {}
         owners = set(item["owners"].split(",")) if item["owners"] else set()
         for row in rows.to_pylist():
             try:
                 enc = encode_row(row, self.encoder, self.store, self.max_length)
+            except StorageUnavailable:
+                raise  # the job's, not the sample's
             except (EncodeError, ValueError, OSError) as err:
                 rejects.append({"id": row["id"], "source": row.get("source"), "stage": "encode", "reason": str(err)})
                 self._keep_orphan(row, owners, orphans)
@@ -124,9 +131,11 @@ class TargetStage:
                  max_length: int | None = None):
         import torch
 
+        from jobs.lib.model_cache import local_model_dir
         from spec_core.targets import load_target
 
         torch.set_num_threads(max(1, cpu_threads))  # intra-op threads = the actor's CPUs
+        target_path = local_model_dir(target_path, storage)  # s3://: downloaded once per node
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype == "auto":
             dtype = "bfloat16" if self.device == "cuda" else "float32"
@@ -137,7 +146,9 @@ class TargetStage:
         self.metadata = {k: str(v) for k, v in metadata.items()}
         self.pad_id = self.adapter.model.config.text_config.pad_token_id or 0
         self.peak_private_mb = 0.0
-        self.distill = (SelfDistill(self.adapter.model, target_path, max_new_tokens, self.pad_id, batch_size)
+        self.max_positions = self.adapter.max_positions
+        self.distill = (SelfDistill(self.adapter.model, target_path, max_new_tokens, self.pad_id, batch_size,
+                                    max_positions=self.max_positions)
                         if response_source == "target" else None)
         self.max_length = max_length
 
@@ -167,17 +178,34 @@ class TargetStage:
         return {"image_sha256": sha, "n_visual": len(features_ND), "visual": to_16bit(features_ND, self.hidden_dtype).tobytes()}
 
     def _regenerate(self, samples: list[dict], rejects: list[dict]) -> tuple[list[dict], int]:
-        """Answers replaced by the target's; samples now over max_length join the rejects."""
+        """Answers replaced by the target's; samples now over max_length, or left unanswered
+        because a turn would run past the position table, join the rejects."""
         samples, truncated = self.distill(samples)
         kept = []
         for s in samples:
-            if self.max_length is not None and len(s["input_ids"]) > self.max_length:
+            if s.get("reject"):
+                rejects.append({"id": s["id"], "source": s["source"], "stage": "target", "reason": s["reject"]})
+            elif self.max_length is not None and len(s["input_ids"]) > self.max_length:
                 rejects.append({"id": s["id"], "source": s["source"], "stage": "target", "reason":
                                 f"too long: {len(s['input_ids'])} tokens > max_length {self.max_length} "
                                 "with the target's answers"})
             else:
                 kept.append(s)
         return kept, truncated
+
+    def _within_positions(self, samples: list[dict], rejects: list[dict]) -> list[dict]:
+        """Samples whose prompt and answers fit the target's position table; the rest join the
+        rejects (prefilling past it would run silently on positions the target never saw)."""
+        from spec_core.targets import position_overflow
+
+        kept = []
+        for s in samples:
+            reason = position_overflow(len(s["input_ids"]), 0, self.max_positions)
+            if reason is None:
+                kept.append(s)
+            else:
+                rejects.append({"id": s["id"], "source": s["source"], "stage": "target", "reason": reason})
+        return kept
 
     def __call__(self, batch: dict) -> dict:
         from jobs.lib.artifact_store import commit_shard
@@ -196,6 +224,7 @@ class TargetStage:
             if self.distill is not None:
                 data["samples"], truncated = self._regenerate(data["samples"], data["rejects"])
             t_gen = time.perf_counter() - t_gen
+            data["samples"] = self._within_positions(data["samples"], data["rejects"])
             samples = sorted(data["samples"], key=lambda s: len(s["input_ids"]))
             rows, visual, naive, tokens = [], {}, 0, 0
             for j in range(0, len(samples), self.batch_size):
@@ -220,6 +249,7 @@ class TargetStage:
             busy = time.perf_counter() - t0
             self.peak_private_mb = max(self.peak_private_mb, private_rss_mb())
             rec = commit_shard(self.store, self.root, int(batch["shard"][i]), tables, self.metadata, {
+                "rows": [int(r) for r in batch["rows"][i]],  # the manifest rows this marker covers
                 "samples": len(rows), "rejects": len(data["rejects"]), "naive_bytes": naive, "tokens": tokens,
                 "reject_reasons": [r["reason"] for r in data["rejects"]], "busy_seconds": busy,
                 "encode_seconds": float(batch["encode_seconds"][i]), **where_am_i(),
@@ -235,14 +265,18 @@ class SelfDistill:
     """response_source "target": every assistant span of a shard's samples replaced by the
     frozen target's greedy answer given the conversation so far, turn by turn (round r answers
     every sample's r-th turn, in micro-batches, with the answers of rounds < r already in the
-    prompt). Token for token: the stored span is exactly what `generate` returned."""
+    prompt). Token for token: the stored span is exactly what `generate` returned. A sample whose
+    prompt at some turn plus max_new_tokens is beyond `max_positions` is not answered from that
+    turn on: it comes back with the reason under "reject"."""
 
-    def __init__(self, model, target_path: str, max_new_tokens: int, pad_id: int, batch_size: int):
+    def __init__(self, model, target_path: str, max_new_tokens: int, pad_id: int, batch_size: int,
+                 max_positions: int | None = None):
         from transformers import GenerationConfig
 
         from spec_core.targets.encode import load_image_encoder
 
         self.model, self.pad_id, self.batch_size = model, pad_id, batch_size
+        self.max_new, self.max_positions = max_new_tokens, max_positions
         self.encoder = load_image_encoder(target_path)  # per-token inputs (Qwen: mm_token_type_ids)
         eos = model.generation_config.eos_token_id
         eos = model.config.text_config.eos_token_id if eos is None else eos
@@ -272,13 +306,19 @@ class SelfDistill:
 
     def __call__(self, samples: list[dict]) -> tuple[list[dict], int]:
         """-> (samples with the target's answers, answers cut by max_new_tokens)."""
+        from spec_core.targets import position_overflow
         from spec_core.targets.encode import assistant_spans, splice_answer
 
         samples = [dict(s) for s in samples]
         truncated, turn = 0, 0
         while True:
             todo = [(i, spans[turn]) for i, s in enumerate(samples)
-                    if len(spans := assistant_spans(s["loss_mask"])) > turn]
+                    if "reject" not in s and len(spans := assistant_spans(s["loss_mask"])) > turn]
+            for i, span in todo:  # checked before generating: never decoded past the table
+                reason = position_overflow(span[0], self.max_new, self.max_positions)
+                if reason is not None:
+                    samples[i]["reject"] = f"turn {turn}: {reason}"
+            todo = [(i, span) for i, span in todo if "reject" not in samples[i]]
             if not todo:
                 return samples, truncated
             todo.sort(key=lambda t: t[1][0])  # similar prompt lengths together: less padding

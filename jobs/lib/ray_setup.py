@@ -51,4 +51,7 @@ def init_ray(cfg: RayConfig) -> dict:
             log_to_driver=cfg.log_to_driver,
         )
         mode = "local"
+    # a Ray Data stage's own exception reaches the driver (not a UserCodeException that has lost
+    # it), so jobs can tell an unreachable storage from a bug (jobs.lib.job.one_line_errors)
+    ray.data.DataContext.get_current().raise_original_map_exception = True
     return {"mode": mode, "resources": ray.cluster_resources()}

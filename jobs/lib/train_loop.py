@@ -131,12 +131,14 @@ def build_engine(cfg, plan: Plan, precision: str):
 
     from spec_core.fovea import FoveaDrafter
     from spec_core.medusa import MedusaHeads
+    from jobs.lib.model_cache import local_model_dir
     from spec_core.targets import load_target, target_identity
 
     torch.manual_seed(cfg.train.seed)
     load_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    adapter = load_target(cfg.target.path, dtype=load_dtype)
-    identity = target_identity(cfg.target.path)
+    path = local_model_dir(cfg.target.path, cfg.storage)  # s3://: downloaded once per node
+    adapter = load_target(path, dtype=load_dtype)
+    identity = {**target_identity(path), "target_path": cfg.target.path}  # the drafter names the URI
     if cfg.drafter.kind == "medusa":
         drafter = MedusaHeads.from_target(adapter, cfg.drafter.medusa_config(), identity=identity)
     else:
@@ -331,7 +333,7 @@ def run_epochs(engine, cfg, plan: Plan, state: dict, rank: int, art: dict, preci
             if micro % t.grad_accum == 0:
                 step = state["step"] = state["step"] + 1
                 window.steps += 1
-                if step % t.log_every == 0 or step == plan.total_steps:
+                if step == 1 or step % t.log_every == 0 or step == plan.total_steps:  # first and last too
                     rec = {"step": step, "epoch": epoch, "lr": engine.get_lr()[0], **window.reduce()}
                     state["history"].append(rec)
                     window.reset()

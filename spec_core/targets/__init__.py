@@ -12,7 +12,8 @@ from transformers import (AutoConfig, LlavaConfig, LlavaForConditionalGeneration
                           LlavaNextForConditionalGeneration, PreTrainedModel, Qwen2_5_VLConfig,
                           Qwen2_5_VLForConditionalGeneration)
 
-from spec_core.targets.base import PrefillOutput, TargetAdapter, pack_visual, text_position_ids
+from spec_core.targets.base import (PrefillOutput, TargetAdapter, pack_visual, position_limit, position_overflow,
+                                    text_position_ids)
 from spec_core.targets.entropy import LayerChoice, MinEntropyLayer, searched_layers
 from spec_core.targets.llava import LlavaAdapter
 from spec_core.targets.llava_next import LlavaNextAdapter
@@ -67,4 +68,5 @@ def load_target(path: str | Path, dtype: torch.dtype | None = None,
 
 __all__ = ["LayerChoice", "LlavaAdapter", "LlavaNextAdapter", "MinEntropyLayer", "PrefillOutput",
            "Qwen2_5_VLAdapter", "TARGETS", "TargetAdapter", "adapter_for", "load_target",
-           "pack_visual", "searched_layers", "target_identity", "text_position_ids"]
+           "pack_visual", "position_limit", "position_overflow", "searched_layers", "target_identity",
+           "text_position_ids"]

@@ -8,6 +8,9 @@ optionally `mm_token_type_ids` for Qwen2.5-VL).
 Positions for tree verification: `prefill` returns the positions the target ran with, and
 `continuation_position_ids(prefill_positions, depth_BS)` gives those of draft-tree nodes at depth
 d after the prompt (the same for every adapter: 1-D, or M-RoPE text positions on three axes).
+RoPE decodes past the text config's max_position_embeddings without an error (and degrades):
+`position_limit` reads that table's size and `position_overflow` is the reason every job gives
+when it rejects a sample before decoding or prefilling beyond it.
 
 Shapes: B batch, T positions, P visual tokens (most in any sample), D hidden, V vocabulary,
 L layers, S new (tree) tokens.
@@ -42,6 +45,23 @@ class PrefillOutput:
     chosen_layer_BT: torch.Tensor | None = None       # min-entropy layer per token; -1 at padding
     intermediate_BTD: torch.Tensor | None = None      # hidden_states[chosen] per token; 0 at padding
     entropy_LBT: torch.Tensor | None = None           # per searched layer; +inf at padding
+
+
+def position_limit(config: PreTrainedConfig) -> int | None:
+    """How many positions the model's text decoder has: the text config's max_position_embeddings
+    (LLaVA, LLaVA-NeXT, Qwen2.5-VL: text_config's; a text-only config's own); None if it names none."""
+    limit = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return int(limit) if limit else None
+
+
+def position_overflow(prompt_tokens: int, new_tokens: int, limit: int | None) -> str | None:
+    """Why a prompt plus up to `new_tokens` generated ones does not fit a position table of `limit`
+    (None if it does): the reject reason. Counted in tokens: Qwen2.5-VL's M-RoPE positions are
+    never larger than the token index, so the count is a (safe) upper bound there."""
+    if limit is None or prompt_tokens + new_tokens <= limit:
+        return None
+    new = f" + {new_tokens} new" if new_tokens else ""
+    return f"beyond the position table: {prompt_tokens} tokens{new} > max_position_embeddings {limit}"
 
 
 def text_position_ids(attention_mask_BT: torch.Tensor) -> torch.Tensor:
@@ -113,6 +133,11 @@ class TargetAdapter(ABC):
     @property
     def text_config(self) -> PreTrainedConfig:
         return self.model.config.text_config
+
+    @property
+    def max_positions(self) -> int | None:
+        """The text decoder's position table (`position_limit`): a prompt plus its answer must fit."""
+        return position_limit(self.model.config)
 
     @property
     def image_token_id(self) -> int:

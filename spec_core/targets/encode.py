@@ -18,8 +18,9 @@ arrays and the placeholder count per image (`ImageInputs`), and the per-token in
 needs. LLaVA and LLaVA-NeXT use their saved HF processor (`ProcessorImageEncoder`); Qwen2.5-VL's
 processor cannot be built without torchvision, so it has its own (`qwen2_5_vl.Qwen2_5_VLImageEncoder`).
 
-Self-distillation (`assistant_spans`, `splice_answer`): a target's own answer replaces an
-assistant span token for token, so stored spans are exactly what the target generated.
+Self-distillation and generation (`assistant_spans`, `splice_answer`): a target's own answer
+replaces an assistant span token for token, so stored spans are exactly what the target
+generated; `with_answer_slots` gives prompts-only conversations a span per user turn to replace.
 
 Shapes: T tokens of one sample (lists, not tensors: this runs per sample in CPU workers),
 B batch.
@@ -60,6 +61,20 @@ def check_conversation(conversation: Sequence[dict]) -> None:
             raise EncodeError(f"turn {i} ({want}) has no text content")
     if turns[-1]["role"] != "assistant":
         raise EncodeError("conversation does not end with an assistant turn")
+
+
+def with_answer_slots(conversation: Sequence[dict], slot: str = ".") -> list[dict]:
+    """Every user turn that no assistant turn follows gets a stand-in answer `slot` after it, so
+    that the roles alternate: a prompts-only row (MMSpec / MT-Bench `turns`: consecutive user
+    turns) becomes one assistant span per prompt, each replaced in turn by a generated answer
+    (`splice_answer`). Conversations that already alternate come back unchanged."""
+    out = []
+    for i, turn in enumerate(conversation):
+        out.append(turn)
+        after = conversation[i + 1].get("role") if i + 1 < len(conversation) else None
+        if turn.get("role") == "user" and after != "assistant":
+            out.append({"role": "assistant", "content": slot})
+    return out
 
 
 def encode_with_mask(tok: PreTrainedTokenizerBase, conversation: Sequence[dict]) -> tuple[list[int], list[bool]]:

@@ -230,3 +230,117 @@ def test_training_free_methods_and_viskip_are_lossless(world, ray_local, tmp_pat
     with pytest.raises(Exception, match="takes no drafter"):
         GenerateConfig.model_validate({**cfg.model_dump(mode="json"), "methods": {"ar": {"kind": "ar"}, "p": {"kind": "pld", "drafter": "x"}},
                                        "compare": ["ar", "p"]})
+
+
+def _mmspec_manifest(tmp_path: Path) -> tuple[str, list[dict]]:
+    """An MMSpec-format benchmark (jsonl of {id, image, turns: [user prompt, ...], category}; no
+    answers, no image placeholder) with 1-, 2- and 3-turn rows, through build_manifests -> the
+    eval manifest folder and the source records."""
+    from jobs.build_manifests import BuildManifestsConfig
+    from jobs.build_manifests import main as build_main
+
+    samples = make_split("multi_turn", 3, 0, "eval")
+    asked = [t["content"].replace("<image>\n", "") for s in samples for t in s["conversation"] if t["role"] == "user"]
+    (tmp_path / "images").mkdir()
+    recs = []
+    for k, s in enumerate(samples):
+        (tmp_path / "images" / f"{k}.png").write_bytes(s["image_png"])
+        recs.append({"id": str(k), "image": f"{k}.png", "turns": asked[k: k + k + 1], "category": "multi_turn"})
+    (tmp_path / "mmspec.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tmp_path / "mmspec.yaml").write_text(
+        "name: mmspec_like\nsources:\n  - name: mmspec\n    format: jsonl\n"
+        f"    uri: {tmp_path / 'mmspec.jsonl'}\n    id_prefix: 'mmspec/'\n"
+        f"    image: {{field: image, root: '{tmp_path / 'images'}'}}\n"
+        "    conversation: {kind: prompts, field: turns}\n    task_field: category\n    split: {policy: eval_only}\n")
+    built = build_main(BuildManifestsConfig.model_validate(
+        {"run": {"output_uri": str(tmp_path / "runs")}, "data": {"manifests": [str(tmp_path / "mmspec.yaml")],
+                                                                  "io_workers": 1}}))
+    return str(Path(built["figures"]["manifest_uri"]) / "eval"), recs
+
+
+def test_mmspec_prompts_only_rows_are_answered_turn_by_turn_by_every_method(world, ray_local, tmp_path):
+    """Consecutive user turns (MMSpec `turns`) are answered one by one, each answer in the next
+    turn's context: no rejects, every turn answered, AR equals the target's own HF `generate` on
+    the conversation so far, and every method (FOVEA, PLD, SAM, Lookahead, Recycling) equals AR
+    token for token at batch 1 and in the batch-3 stream."""
+    root, _ = world
+    manifest, recs = _mmspec_manifest(tmp_path)
+    assert sorted(len(r["turns"]) for r in recs) == [1, 2, 3]
+    rows = pq.read_table(Path(manifest) / "mmspec.parquet").to_pylist()
+    assert {r["id"]: [t["role"] for t in r["conversation"]] for r in rows} == {
+        f"mmspec/{r['id']}": ["user"] * len(r["turns"]) for r in recs}  # consecutive user turns, no answers
+    methods = {"ar": {"kind": "ar"}, "fovea": {"drafter": str(root / "drafter"), "tree": {"budget": 12}},
+               "pld": {"kind": "pld"}, "sam": {"kind": "sam"},
+               "lookahead": {"kind": "lookahead", "params": {"branch_length": 6}},
+               "recycling": {"kind": "recycling"}}
+    base = _cfg(root, tmp_path, run={"run_id": "mmspec"}, data={"manifest": manifest}, compute={"num_actors": 1})
+    m = main(GenerateConfig.model_validate({**base.model_dump(mode="json"), "methods": methods,
+                                            "compare": list(methods)}))
+    run_dir = Path(m["figures"]["run_dir"])
+    assert pq.read_table(run_dir / "rejects.parquet").num_rows == 0 and m["counts"]["rejects"] == 0
+    by: dict = {}
+    for r in pq.read_table(run_dir / "responses.parquet").to_pylist():
+        by.setdefault(r["method"], {})[(r["id"], r["turn"])] = r
+    want_turns = {(f"mmspec/{r['id']}", t) for r in recs for t in range(len(r["turns"]))}
+    for name in methods:
+        assert set(by[name]) == want_turns, name
+        ids = {k: r["response_ids"] for k, r in by[name].items()}
+        assert ids == {k: r["response_ids"] for k, r in by["ar"].items()}, name
+        if name != "ar":
+            assert m["figures"][f"{name}_mismatches"] == 0, name
+
+    adapter = load_target(root / "target")  # the oracle: HF generate with AR's earlier answers
+    processor = AutoProcessor.from_pretrained(root / "target")
+    eos = adapter.model.generation_config.eos_token_id
+    for r in rows:
+        turns, image = [], {"image_png": Path(r["image_uri"]).read_bytes()}
+        for t, user in enumerate(r["conversation"]):
+            turns.append(user)
+            want = _hf_generate(adapter.model, processor, image, turns)
+            want = want[: want.index(eos) + 1] if eos in want else want
+            got = by["ar"][(r["id"], t)]
+            assert got["response_ids"] == want, (r["id"], t)
+            turns.append({"role": "assistant", "content": got["response"]})
+
+
+def test_turns_beyond_the_position_table_are_rejected_and_the_rest_decoded(world, ray_local, tmp_path):
+    """A target whose position table holds every first prompt plus max_new_tokens, no more: the
+    3-turn conversation's turn 0 is answered, its turn 1 (with that answer in it) rejected with
+    the reason, not decoded past the table; the over-long question is rejected at turn 0; the
+    other samples of the same shard are decoded, each within the table. max_length is far away:
+    only the table bites."""
+    from jobs.lib.precompute_stages import encode_row
+    from spec_core.targets.encode import assistant_spans, load_image_encoder
+    from tests.jobs.worlds import short_table_target
+
+    root, _ = world
+    rows = pq.read_table(root / "eval" / "ref.parquet").to_pylist()
+    multi = next(r for r in rows if r["task"] == "multi_turn" and len(r["conversation"]) == 6)
+    short = [r for r in rows if r["task"] in ("general_vqa", "chart_vqa")][:2]
+    long_row = pq.read_table(root / "eval" / "bad.parquet").to_pylist()[1]
+    encoder = load_image_encoder(root / "target")
+    spans = {r["id"]: assistant_spans(encode_row(r, encoder, Storage(), None)["loss_mask"])
+             for r in (multi, *short, long_row)}
+    limit = max(spans[r["id"]][0][0] for r in (multi, *short)) + MAX_NEW  # every first prompt fits
+    (start0, end0), (start1, _), _ = spans[multi["id"]]
+    assert start1 - (end0 - start0) + 1 + MAX_NEW > limit  # turn 1 does not, whatever turn 0's answer
+    assert spans[long_row["id"]][0][0] + MAX_NEW > limit
+    target = short_table_target(root / "target", tmp_path / "target", limit)
+    pq.write_table(pa.Table.from_pylist([long_row, multi, *short]), tmp_path / "rows.parquet")
+    base = _cfg(root, tmp_path, run={"run_id": "table"},
+                data={"manifest": str(tmp_path / "rows.parquet"), "max_length": 2048},
+                target={"path": target}, compute={"num_actors": 1, "batch_sizes": [1]})
+    methods = {"ar": {"kind": "ar"}, "pld": {"kind": "pld"}}
+    m = main(GenerateConfig.model_validate({**base.model_dump(mode="json"), "methods": methods,
+                                            "compare": list(methods)}))
+    run_dir = Path(m["figures"]["run_dir"])
+    rejects = pq.read_table(run_dir / "rejects.parquet").to_pylist()
+    got = {(r["id"], r["method"], r["turn"]): r["reason"] for r in rejects}
+    assert set(got) == {(i, meth, t) for meth in methods for i, t in ((long_row["id"], 0), (multi["id"], 1))}
+    for reason in got.values():
+        assert reason.startswith("beyond the position table: ")
+        assert reason.endswith(f" tokens + {MAX_NEW} new > max_position_embeddings {limit}")
+    metrics = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    decoded = {(r["id"], r["method"], r["turn"]) for r in metrics}
+    assert decoded == {(r["id"], meth, 0) for meth in methods for r in (multi, *short)}
+    assert all(r["prompt_tokens"] + MAX_NEW <= limit for r in metrics)

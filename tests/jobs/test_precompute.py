@@ -60,6 +60,10 @@ def test_artifacts_equal_a_direct_prefill(world, ray_local, tmp_path):
     table = read_kind(store, art, "samples").to_pylist()
     assert sorted(r["id"] for r in table) == sorted(s["id"] for s in samples)
     assert m["figures"]["samples"] == len(samples) and 0 < m["figures"]["naive_bytes_ratio"] < 1
+    cost = m["cost"]["stages"]["precompute"]  # the target actor's measured busy time, 1 CPU, no price
+    assert cost["device_kind"] == "cpu" and 0 < cost["device_seconds"] <= cost["allocated_device_seconds"]
+    assert cost["per_1k_samples"] > 0 and cost["per_million_tokens"] > 0 and "cost" not in cost
+    assert "## Cost" in store.read_text(m["run_dir"] + "/report.md")
     visual = {r["image_sha256"]: r for r in read_kind(store, art, "visual").to_pylist()}
     assert len(visual) == len({s["image_sha256"] for s in samples})  # once per image
 
@@ -184,3 +188,50 @@ def test_missing_manifest_is_one_line_and_commits_nothing(tmp_path):
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         f"precompute: FileNotFoundError: manifest {tmp_path / 'nope.parquet'} does not exist"]
     assert not list(tmp_path.rglob("_committed"))
+
+
+def test_samples_beyond_the_position_table_are_rejected(world, ray_local, tmp_path):
+    """A target with a short position table (max_length far away): with the dataset's answers, a
+    sample is rejected with the reason exactly when prompt + answers is longer than the table; with
+    response_source target, a conversation whose turn-1 prompt plus max_new_tokens is beyond it is
+    rejected at that turn before generating it. The other samples of the shard are written."""
+    from jobs.lib.precompute_stages import encode_row
+    from spec_core.targets.encode import assistant_spans, load_image_encoder
+    from tests.jobs.worlds import short_table_target
+
+    root, samples, manifest = world
+    rows = pq.read_table(manifest).to_pylist()
+    multi = next(r for r in rows if r["task"] == "multi_turn" and len(r["conversation"]) >= 4)
+    picked = [multi] + [next(r for r in rows if r["task"] == t) for t in ("general_vqa", "chart_vqa", "captioning")]
+    encoder = load_image_encoder(root / "target")
+    enc = {r["id"]: encode_row(r, encoder, Storage(), None) for r in picked}
+    max_new = 4
+    (start0, end0), (start1, _), *_ = assistant_spans(enc[multi["id"]]["loss_mask"])
+    first = min(assistant_spans(e["loss_mask"])[0][0] for i, e in enc.items() if i != multi["id"])
+    pq.write_table(pa.Table.from_pylist(picked), tmp_path / "rows.parquet")
+
+    def run(limit: int, **data) -> tuple[dict, set]:
+        target = short_table_target(root / "target", tmp_path / f"target{limit}", limit)
+        cfg = _cfg(root, tmp_path / "rows.parquet", tmp_path / f"out{limit}", **data).model_dump(mode="json")
+        m = main(PrecomputeConfig.model_validate({**cfg, "target": {"path": target}}))
+        art = m["figures"]["artifacts_uri"]
+        rejects = {r["id"]: r["reason"] for r in read_kind(Storage(), art, "rejects").to_pylist()}
+        kept = read_kind(Storage(), art, "samples").to_pylist()
+        assert {r["id"] for r in kept} | set(rejects) == set(enc) and not {r["id"] for r in kept} & set(rejects)
+        assert all(r["n_tokens"] <= limit for r in kept) and kept  # the rest of the shard is written
+        return rejects, {r["id"] for r in kept}
+
+    limit = min(len(e["input_ids"]) for e in enc.values())  # the shortest sample just fits
+    rejects, _ = run(limit)
+    assert rejects == {i: f"beyond the position table: {len(e['input_ids'])} tokens > max_position_embeddings {limit}"
+                       for i, e in enc.items() if len(e["input_ids"]) > limit}
+    assert multi["id"] in rejects
+
+    # every first turn fits (the answer closed by the template's newline); the multi-turn
+    # sample's second cannot, whatever its first answer
+    limit = max(start0, first) + max_new + 2
+    assert start1 - (end0 - start0) + 1 + max_new > limit
+    rejects, _ = run(limit, response_source="target", response_max_new_tokens=max_new)
+    assert rejects[multi["id"]].startswith("turn 1: beyond the position table: ")
+    assert rejects[multi["id"]].endswith(f" tokens + {max_new} new > max_position_embeddings {limit}")
+    assert all("beyond the position table" in r for r in rejects.values())

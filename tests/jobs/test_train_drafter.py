@@ -201,7 +201,7 @@ def test_a_killed_run_resumes_at_its_last_checkpoint(world, tmp_path):
     metrics = json.loads(next(out.glob("train_drafter/*/metrics.json")).read_text())
     assert metrics["figures"]["resumed_from_step"] == latest and metrics["figures"]["steps"] == 24
     log = [json.loads(line) for line in next(out.glob("train_drafter/*/train_log.jsonl")).read_text().splitlines()]
-    assert [r["step"] for r in log] == list(range(2, 25, 2))  # the first run's records kept, none twice
+    assert [r["step"] for r in log] == [1, *range(2, 25, 2)]  # the first, then every 2nd; kept, none twice
     assert [r["epoch"] for r in log] == [(r["step"] - 1) // 12 for r in log]  # the data position resumed
     yaml_lr = TrainDrafterConfig.model_validate(
         yaml.safe_load((REPO / "manifests/jobs/train_drafter.yaml").read_text())).train.lr

@@ -11,6 +11,7 @@ from spec_core.reference.generator.layout import (SAMPLE, encode_prompt, image_t
                                                   video_template)
 from spec_core.reference.generator.sample import decode_images, decode_videos, prefix_rows
 from spec_core.scd.adapters.base import CausalLMAdapter, ImageLayout
+from spec_core.targets.base import position_limit
 
 
 class ReferenceGenerator(CausalLMAdapter):
@@ -37,8 +38,8 @@ class ReferenceGenerator(CausalLMAdapter):
         return ImageLayout(forced_N, lay.allowed_mask(V), shape)
 
     def max_prompt_words(self) -> int:
-        """Longest prompt (in tokens) that fits the position budget with the body."""
-        return self.model.config.max_position_embeddings - len(self.template) - 2
+        """Longest prompt (in tokens) that fits the position table with <bos>, <boi> and the body."""
+        return position_limit(self.model.config) - len(self.template) - 2
 
     def check_prompt(self, text: str) -> str | None:
         """Why a prompt cannot be generated from (None if it can)."""
@@ -50,7 +51,8 @@ class ReferenceGenerator(CausalLMAdapter):
                        if self.bundle.layout.unk in encode_prompt(self.bundle.tokenizer, w)]
             return f"unknown words {unknown[:5]} (not in the generator's vocabulary)"
         if len(ids) > self.max_prompt_words():
-            return f"prompt of {len(ids)} tokens exceeds the limit of {self.max_prompt_words()}"
+            return (f"prompt of {len(ids)} tokens exceeds the limit of {self.max_prompt_words()} (a position table "
+                    f"of {position_limit(self.model.config)} less <bos>, <boi> and {len(self.template)} body tokens)")
         return None
 
     def prompts(self, texts: list[str], cfg: bool) -> tuple[list[list[int]], list[list[int]] | None]:

@@ -5,7 +5,6 @@ batch's leftover request is tidied."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -40,14 +39,18 @@ def test_create_exclusive_has_one_winner(queue_uri):
 def test_claim_renew_takeover_finish(queue_uri):
     store = Storage()
     store.write_text(join(queue_uri, "pending", "b1.yaml"), "job: generate\n")
-    a = BatchQueue(store, queue_uri, "a", lease_seconds=0.5)
-    b = BatchQueue(store, queue_uri, "b", lease_seconds=0.5)
+    now = [1000.0]  # an injected clock: a slow storage call cannot expire a lease under load
+    a = BatchQueue(store, queue_uri, "a", lease_seconds=10, clock=lambda: now[0])
+    b = BatchQueue(store, queue_uri, "b", lease_seconds=10, clock=lambda: now[0])
     assert a.pending() == ["b1"]
     la = a.claim("b1")
     assert la is not None and la.generation == 0
+    now[0] += 9
     assert b.claim("b1") is None          # held
     a.renew(la)
-    time.sleep(0.6)                       # a stops renewing (it died)
+    now[0] += 9
+    assert b.claim("b1") is None          # renewed
+    now[0] += 2                           # a stops renewing (it died)
     lb = b.claim("b1")
     assert lb is not None and lb.generation == 1
     with pytest.raises(LeaseLost):

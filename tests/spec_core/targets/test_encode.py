@@ -115,3 +115,23 @@ def test_processor_expansion_aligns(tok, samples):
         align_to_expanded(ids, mask, expanded[:5] + [expanded[5] + 1] + expanded[6:], image_id)
     with pytest.raises(EncodeError, match="2 images"):
         expand_image_tokens(ids, mask, image_id, [16, 16])
+
+
+def test_answer_slots_make_prompts_only_conversations_alternate(tok):
+    """MMSpec `turns` (consecutive user prompts, no answers) -> one stand-in answer per prompt, so
+    the conversation encodes with one assistant span per prompt; alternating ones are unchanged."""
+    from spec_core.targets.encode import assistant_spans, with_answer_slots
+
+    users = [{"role": "user", "content": f"<image>\n{q}"} for q in ("What is it?", "Why?", "Where?")]
+    conv = with_answer_slots(users)
+    assert [t["role"] for t in conv] == ["user", "assistant"] * 3
+    assert [t["content"] for t in conv[1::2]] == ["."] * 3 and conv[0::2] == users
+    check_conversation(conv)
+    _, mask = encode_with_mask(tok, conv)
+    assert len(assistant_spans(mask)) == 3
+    answered = [users[0], {"role": "assistant", "content": "A dog."}, users[1]]
+    assert with_answer_slots(answered) == answered + [{"role": "assistant", "content": "."}]
+    full = [{"role": "system", "content": "Be brief."}, *answered, {"role": "assistant", "content": "Fun."}]
+    assert with_answer_slots(full) == full
+    with pytest.raises(EncodeError, match="turn 1 has role 'user'"):  # what generate hit before
+        check_conversation(users)

@@ -1,0 +1,44 @@
+"""jobs/lib/subset.py: a seeded sample stratified by group, against a direct count."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from jobs.lib.subset import stratified_rows
+
+# a pool written grouped, as the reference world's training pool is: six tasks one after another
+POOL = [t for t, n in (("general", 400), ("text", 400), ("caption", 400), ("chart", 400), ("reason", 20),
+                       ("multi", 380)) for _ in range(n)]
+
+
+def test_no_limit_or_a_large_one_keeps_every_row_in_order():
+    assert stratified_rows(POOL, None) == list(range(len(POOL)))
+    assert stratified_rows(POOL, len(POOL) + 5) == list(range(len(POOL)))
+
+
+@pytest.mark.parametrize("limit", [6, 30, 100, 1200])
+def test_every_group_gets_its_proportional_share(limit):
+    rows = stratified_rows(POOL, limit, seed=3)
+    assert len(rows) == len(set(rows)) == limit and rows == sorted(rows)
+    got = Counter(POOL[i] for i in rows)
+    assert set(got) == set(POOL)  # every task, even the small one
+    sizes = Counter(POOL)
+    for task, n in got.items():
+        assert abs(n - limit * sizes[task] / len(POOL)) <= 1.0 or n == 1
+
+
+def test_the_first_rows_are_not_what_is_taken():
+    rows = stratified_rows(POOL, 30, seed=0)
+    assert rows != list(range(30)) and Counter(POOL[i] for i in rows)["general"] < 30
+
+
+def test_seeded_and_deterministic():
+    assert stratified_rows(POOL, 50, seed=1) == stratified_rows(POOL, 50, seed=1)
+    assert stratified_rows(POOL, 50, seed=1) != stratified_rows(POOL, 50, seed=2)
+
+
+def test_fewer_rows_than_groups_takes_one_from_as_many_groups():
+    rows = stratified_rows(POOL, 4, seed=0)
+    assert len(rows) == 4 and len({POOL[i] for i in rows}) == 4
