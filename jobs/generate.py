@@ -64,7 +64,7 @@ TRAINED = {"fovea": "fovea-drafter/1", "medusa": "medusa-heads/1"}
 
 
 class MethodSection(Strict):
-    kind: Literal["ar", "fovea", "medusa", "pld", "sam", "lookahead", "recycling"] = "fovea"
+    kind: Literal["ar", "hf", "fovea", "medusa", "pld", "sam", "lookahead", "recycling"] = "fovea"
     drafter: str | None = Field(None, description="a saved drafter directory: the FOVEA feature-drafter "
                                 "family (kind fovea) or Medusa heads (kind medusa), from train_drafter")
     params: dict = Field(default_factory=dict, description="a training-free method's parameters "
@@ -83,8 +83,10 @@ class MethodSection(Strict):
             raise ValueError(f"a {self.kind} method needs a drafter directory")
         if self.kind not in TRAINED and self.drafter:
             raise ValueError(f"a {self.kind} method takes no drafter")
-        if self.params and self.kind in ("ar", *TRAINED):
+        if self.params and self.kind in ("ar", "hf", *TRAINED):
             raise ValueError("params are for training-free methods (pld, sam, lookahead, recycling)")
+        if self.kind == "hf" and self.viskip is not None:
+            raise ValueError("an hf method (HF generate itself) takes no viskip")
         return self
 
 
@@ -225,7 +227,8 @@ def main(cfg: GenerateConfig) -> dict:
     local = lambda p: str(Path(p).resolve()) if scheme_of(p) == "file" else p  # noqa: E731
     plans = [MethodPlan(name, local(m.drafter) if m.drafter else None, m.visual_correction,
                         m.tree.width, m.tree.depth, _budget(m), m.tree.step_tokens, m.correction_depth,
-                        m.kind if m.kind not in ("ar", *TRAINED) else None, dict(m.params), m.viskip)
+                        m.kind if m.kind not in ("ar", "hf", *TRAINED) else None, dict(m.params), m.viskip,
+                        hf=m.kind == "hf")
              for name, m in ((n, cfg.methods[n]) for n in cfg.compare)]
     gen = cfg.generation
     with rec.stage("generate") as st:
@@ -255,11 +258,12 @@ def main(cfg: GenerateConfig) -> dict:
     if missing:
         raise RuntimeError(f"{len(missing)} shards not committed: {missing[:10]}")
     tables = {k: read_kind(store, root, k, KINDS).to_pylist() for k in KINDS}
-    return finish(rec, store, run_dir, cfg.compare, tables, [done[s["shard"]] for s in shards])
+    hf = next((n for n in cfg.compare if cfg.methods[n].kind == "hf"), None)
+    return finish(rec, store, run_dir, cfg.compare, tables, [done[s["shard"]] for s in shards], hf)
 
 
 def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], tables: dict,
-           records: list[dict]) -> dict:
+           records: list[dict], hf: str | None = None) -> dict:
     """Aggregate the committed shards into metrics.json, report.md and latency_cdf.png."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -295,6 +299,15 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], t
     rec.detail("per_task", tasks)
     rec.detail("throughput", throughput)
     rec.detail("memory", memory)
+    against_hf = ""
+    if hf is not None and hf != baseline:  # every speedup against HF generate too, on the same samples
+        hf_tasks, hf_thr = gr.task_table(tables["metrics"], methods, hf), gr.throughput_table(records, methods, hf)
+        for m in methods:
+            if m != hf:
+                rec.figure(f"{m}_speedup_batch1_vs_hf", _r3(hf_tasks.get(gr.ALL, {}).get(m, {}).get("speedup")))
+                rec.figure(f"{m}_throughput_ratio_vs_hf", {b: _r3(t["ratio"]) for b, t in hf_thr[m].items()})
+        rec.detail("per_task_vs_hf", hf_tasks)
+        against_hf = gr.render_against(hf_tasks, hf_thr, methods, hf)
     rec.figure("rejects", [f"{r['id']}: {r['reason']}" for r in tables["rejects"]][:20])
     rec.figure("run_dir", run_dir)
     c, this = rec.cfg.compute, [r for r in records if r.get("finished_unix", 0) >= rec.started]  # this run's shards
@@ -304,7 +317,11 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], t
                     tokens=sum(t["tokens"] for r in this for by_batch in r["throughput"].values()
                                for t in by_batch.values()),
                     note="a sample: every compared method at every batch size; tokens: new tokens of them all")
-    return rec.finish(gr.render(tasks, throughput, memory, bad, methods, baseline, cdf))
+    return rec.finish(gr.render(tasks, throughput, memory, bad, methods, baseline, cdf) + against_hf)
+
+
+def _r3(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
 
 
 if __name__ == "__main__":

@@ -184,3 +184,21 @@ def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list
     if cdf_name:
         lines += ["", f"![latency CDF]({cdf_name})"]
     return "\n".join(lines) + "\n"
+
+
+def render_against(tasks: dict, throughput: dict, methods: list[str], reference: str) -> str:
+    """A second view of the same run: every method's batch-1 speedup and throughput ratio against
+    `reference` (HF `generate`: at batch > 1 its static, padded batches)."""
+    others = [m for m in methods if m != reference]
+    lines = ["", f"## Against `{reference}` (HF generate on the same samples)", "",
+             "| task | " + " | ".join(f"{m} speedup" for m in others) + " |", "|" + "---|" * (1 + len(others))]
+    for task, row in tasks.items():
+        name = f"**{task}**" if task == ALL else task
+        lines.append(f"| {name} | " + " | ".join(f"{_f(row.get(m, {}).get('speedup'))}x" for m in others) + " |")
+    batches = sorted({b for m in methods for b in throughput.get(m, {})}, key=int)
+    lines += ["", "| batch | " + " | ".join(f"{m} throughput ratio" for m in others) + " |",
+              "|" + "---|" * (1 + len(others))]
+    for b in batches:
+        lines.append(f"| {b} | " + " | ".join(f"{_f(throughput.get(m, {}).get(b, {}).get('ratio'))}x" for m in others)
+                     + " |")
+    return "\n".join(lines) + "\n"

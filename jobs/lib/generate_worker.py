@@ -72,6 +72,7 @@ class MethodPlan:
     proposer: str | None = None           # a training-free method: pld | sam | lookahead | recycling
     params: dict | None = None            # its parameters (None: MMSpec's defaults)
     viskip: float | None = None           # ViSkip threshold (None: off)
+    hf: bool = False                      # HF `generate` itself (static padded batches), the users' baseline
 
 
 def _seed(base: int, sample_id: str, turn: int) -> int:
@@ -123,6 +124,14 @@ class GenerateWorker:
         from spec_core.decoding.engine import step_scratch
 
         key = (method.name, batch)
+        if key not in self.engines and method.hf:
+            from spec_core.decoding.hf_engine import HFEngine
+
+            engine = HFEngine(self.adapter, batch_size=batch, sampling=self.sampling, eos_token_ids=self.eos,
+                              generator=torch.Generator(device=self.device).manual_seed(self.seed))
+            list(engine.generate([Request(warm_inputs, min(8, self.max_new))]))  # warm-up, not timed
+            engine.phase_s = dict.fromkeys(engine.phase_s, 0.0)
+            self.engines[key] = engine
         if key not in self.engines:
             tree = TreeConfig(method.width, method.depth, method.budget, method.step_tokens)
             drafter = self.drafters.get(method.drafter) if method.drafter else None

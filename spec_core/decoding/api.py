@@ -53,7 +53,7 @@ def _engine(target_model, drafter, inputs, max_new_tokens, options) -> DecodeEng
     adapter = target_model if isinstance(target_model, TargetAdapter) else adapter_for(target_model)
     opts = dict(options)
     sampling = SamplingConfig(**{k: opts.pop(k) for k in ("do_sample", "temperature", "top_k", "top_p") if k in opts})
-    tree = TreeConfig(**{k: opts.pop(k) for k in ("width", "depth", "budget", "step_tokens") if k in opts})
+    tree = TreeConfig(**{k: opts.pop(k) for k in ("width", "depth", "budget", "step_tokens", "policy") if k in opts})
     drafting = {k: opts.pop(k) for k in ("visual_correction", "correction_depth") if k in opts}
     eos = _eos_ids(adapter.model, opts.pop("eos_token_id", None))
     gen = opts.pop("generator", None)

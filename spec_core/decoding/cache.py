@@ -19,11 +19,13 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 
 class _Plan:
-    """Where the next forward writes: write_BS (slot positions per row) and how many keys it reads."""
+    """Where the next forward writes: write_BS (slot positions per row) and how many keys it reads;
+    `start` when every row writes the same slots start, start + 1, ... (one slice, no scatter)."""
 
     def __init__(self):
         self.write_BS: torch.Tensor | None = None
         self.kv_len = 0
+        self.start: int | None = None
 
 
 class RaggedLayer(CacheLayerMixin):
@@ -47,11 +49,16 @@ class RaggedLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        write_BS = self.plan.write_BS
-        rows_B1 = torch.arange(self.batch, device=self.device)[:, None]
-        self.keys[rows_B1, :, write_BS] = key_states.transpose(1, 2)      # (B, S, H, hd) into row slots
-        self.values[rows_B1, :, write_BS] = value_states.transpose(1, 2)
-        K = self.plan.kv_len
+        p = self.plan
+        if p.start is not None:  # every row writes the same consecutive slots: a slice copy
+            S = key_states.shape[2]
+            self.keys[:, :, p.start: p.start + S] = key_states
+            self.values[:, :, p.start: p.start + S] = value_states
+        else:
+            rows_B1 = torch.arange(self.batch, device=self.device)[:, None]
+            self.keys[rows_B1, :, p.write_BS] = key_states.transpose(1, 2)      # (B, S, H, hd) into row slots
+            self.values[rows_B1, :, p.write_BS] = value_states.transpose(1, 2)
+        K = p.kv_len
         return self.keys[:, :, :K], self.values[:, :, :K]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -72,13 +79,16 @@ class RaggedCache(Cache):
         super().__init__(layers=[RaggedLayer(batch, capacity, self._plan) for _ in range(num_layers)])
         self.batch, self.capacity = batch, capacity
 
-    def plan(self, write_BS: torch.Tensor, kv_len: int | None = None) -> None:
+    def plan(self, write_BS: torch.Tensor | None, kv_len: int | None = None, start: int | None = None) -> None:
         """The next forward writes its S tokens of row b at slots write_BS[b] and reads keys
-        [0, kv_len) (default: just past the furthest write)."""
-        if int(write_BS.max()) >= self.capacity:
-            raise ValueError(f"cache capacity {self.capacity} exceeded (write at {int(write_BS.max())})")
-        self._plan.write_BS = write_BS
-        self._plan.kv_len = int(write_BS.max()) + 1 if kv_len is None else kv_len
+        [0, kv_len) (default: just past the furthest write). With `start`, every row writes slots
+        start .. start + S - 1 (write_BS may then be None) and kv_len is required. Given kv_len,
+        the writes must lie below it (callers know it on the host: no device read)."""
+        if kv_len is None:
+            kv_len = int(write_BS.max()) + 1
+        if kv_len > self.capacity:
+            raise ValueError(f"cache capacity {self.capacity} exceeded (write at {kv_len - 1})")
+        self._plan.write_BS, self._plan.kv_len, self._plan.start = write_BS, kv_len, start
 
     def load(self, row: int, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Put one sample's prefix KV (per layer (1, H, n, hd) pairs, e.g. from a DynamicCache after
@@ -95,7 +105,7 @@ class RaggedCache(Cache):
 
     def keep(self, src_BA: torch.Tensor, dst_BA: torch.Tensor) -> None:
         """Per row, copy slots src_BA[b, i] to dst_BA[b, i] (all sources read before any write;
-        rows pad with src == dst)."""
+        rows pad with src == dst, so a step that accepted no draft anywhere need not call this)."""
         rows_B1 = torch.arange(self.batch, device=src_BA.device)[:, None]
         for layer in self.layers:
             if layer.is_initialized:

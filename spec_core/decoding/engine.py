@@ -41,6 +41,7 @@ from transformers import DynamicCache
 
 from spec_core.decoding.cache import RaggedCache, dynamic_cache_kv
 from spec_core.decoding.draft import draft_tree
+from spec_core.decoding.goodput import GoodputPolicy
 from spec_core.decoding.medusa_draft import medusa_tree
 from spec_core.decoding.proposers.paths import Proposer, propose_batch
 from spec_core.decoding.sampling import SamplingConfig, choose_tokens
@@ -111,6 +112,9 @@ class DecodeEngine:
         self.visual_correction = visual_correction  # False: the drafter scores without its memory
         self.correction_depth = correction_depth    # None: the drafter's trained correction_depth
         self.tree_cfg = tree or TreeConfig()
+        speculative = drafter is not None or proposer is not None
+        self.policy = (GoodputPolicy(self.tree_cfg.budget)
+                       if speculative and self.tree_cfg.policy == "goodput" else None)
         self.sampling = sampling or SamplingConfig()
         self.eos = set(int(e) for e in eos_token_ids)
         self.gen = generator
@@ -124,6 +128,7 @@ class DecodeEngine:
         self.dkeep_BC = (torch.ones(batch_size, capacity, dtype=torch.bool, device=dev)
                          if feature_drafter and drafter.compressor is not None else None)
         self.len_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        self.len_host = [0] * batch_size  # len_B on the host: no device read to size a step
         self.tpos_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.root_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.mrope = False
@@ -189,6 +194,7 @@ class DecodeEngine:
         self.mrope = out.position_ids.dim() == 3
         last_pos = out.position_ids.amax(-1).reshape(-1).amax()
         self.len_B[b], self.tpos_B[b], self.root_B[b] = T, last_pos + 1, y
+        self.len_host[b] = T
         if self.medusa:
             self.root_h_BD[b] = out.final_hidden_BTD[0, -1]
         elif self.drafter is not None:
@@ -257,8 +263,13 @@ class DecodeEngine:
 
     def _attend(self, n_new: int, anc_BSS: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Committed prefix + the new tokens' own ancestry: (B, S, K) with K keys read."""
-        kv_len = int(self.len_B.max()) + n_new
+        kv_len = max(self.len_host) + n_new
         return prefix_and_new_mask(self.len_B, anc_BSS, kv_len), kv_len
+
+    def _uniform_start(self) -> int | None:
+        """The common length of every row when all rows have one (then a forward's new tokens
+        go to the same slots in every row: one slice write instead of a scatter)."""
+        return self.len_host[0] if min(self.len_host) == max(self.len_host) else None
 
     @torch.no_grad()
     def _verify(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,8 +277,13 @@ class DecodeEngine:
         ids_BM = torch.cat([self.root_B[:, None], tree.tokens_BN], 1)
         M = ids_BM.shape[1]
         depth_BM = torch.cat([torch.zeros_like(self.root_B[:, None]), tree.depth_BN], 1)
-        attend, kv_len = self._attend(M, tree.anc_BMM)
-        self.tcache.plan(self.len_B[:, None] + torch.arange(M, device=self.device), kv_len)
+        start = self._uniform_start()
+        if M == 1 and start is not None:  # AR, every row at one length: each query sees every key
+            attend, kv_len = None, start + 1
+            self.tcache.plan(None, kv_len, start=start)
+        else:
+            attend, kv_len = self._attend(M, tree.anc_BMM)
+            self.tcache.plan(self.len_B[:, None] + torch.arange(M, device=self.device), kv_len, start=start)
         hidden = self.adapter.decode(ids_BM, self._positions(self.tpos_B[:, None] + depth_BM), attend, self.tcache)
         return hidden, self.adapter.lm_head(hidden)
 
@@ -280,7 +296,7 @@ class DecodeEngine:
         attend, kv_len = self._attend(A, causal.expand(self.B, A, A))
         if self.dkeep_BC is not None:
             attend = attend & self.dkeep_BC[:, None, :kv_len]
-        self.dcache.plan(self.len_B[:, None] + torch.arange(A, device=self.device), kv_len)
+        self.dcache.plan(self.len_B[:, None] + torch.arange(A, device=self.device), kv_len, start=self._uniform_start())
         x = d.input_states(tokens_BA, feats_BAD.to(d.fc.weight.dtype))
         h, _ = d.blocks(x, self.len_B[:, None] + torch.arange(A, device=self.device), attend, self.dcache)
         self.root_h_BD = h[torch.arange(self.B, device=self.device), (n_B - 1).clamp_min(0)]
@@ -295,28 +311,16 @@ class DecodeEngine:
     def step(self) -> list[Result]:
         """One draft-verify-commit round over all slots; returns the samples that finished."""
         active = [s is not None for s in self.slots]
-        lap = time.perf_counter()
-        skip = [False] * self.B
-        if self.probe is not None:
-            shares = self.vis_B.tolist()
-            for b in range(self.B):
-                if active[b]:
-                    self.slots[b].shares.append(shares[b])
-                    skip[b] = self.viskip is not None and shares[b] >= self.viskip
-        drafting = [a and not k for a, k in zip(active, skip)]
-        if self.drafter is not None and any(drafting):
-            cfg = self.tree_cfg.for_batch(sum(active))
-            tree = medusa_tree(self.drafter, self.root_h_BD, cfg) if self.medusa else draft_tree(
-                self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, cfg, self.correction_depth,
-                self.dkeep_BC)
-            if any(skip):
-                tree = drop_rows(tree, torch.tensor(skip, device=self.device))
-        elif self.new_proposer is not None and any(drafting):
-            budget = self.tree_cfg.for_batch(sum(active)).budget
-            tree = propose_batch([p if d else None for p, d in zip(self.proposers, drafting)], budget, self.device)
-        else:
-            tree = empty_tree(self.B, self.device)
+        t0 = lap = time.perf_counter()
+        skips = self._visual_skips(active)
+        if self.policy is not None and not self.policy.should_draft():
+            skips = [True] * self.B  # the policy pauses speculation: an AR step
+        tree = self._draft(active, skips)
+        active_B = torch.tensor(active)
+        if self.policy is not None and tree.size:
+            tree = self.policy.choose(tree, active_B, self.B)
         lap = self._lap("draft", lap)
+        draft_s = lap - t0
         if self.probe is not None:
             self.probe.armed = True
         hidden_BMD, logits_BMV = self._verify(tree)
@@ -325,31 +329,72 @@ class DecodeEngine:
         if self.new_proposer is not None:
             self._observe(tree, logits_BMV, active)
         chosen_BM = choose_tokens(logits_BMV, self.sampling, self.gen)
-        path_BD, n_B = walk(tree, chosen_BM)
-        path, n, chosen = path_BD.tolist(), n_B.tolist(), chosen_BM.tolist()
+        if tree.size:
+            path_BD, n_B = walk(tree, chosen_BM)
+        else:  # AR: nothing to walk
+            path_BD, n_B = chosen_BM.new_zeros(self.B, 0), chosen_BM.new_zeros(self.B)
         if self.medusa or self.probe is not None:  # the state that produced the next root: the last accepted node
-            last_B = torch.tensor([path[b][n[b] - 1] if n[b] else 0 for b in range(self.B)], device=self.device)
-        if self.medusa:
-            self.root_h_BD = hidden_BMD[torch.arange(self.B, device=self.device), last_B].to(self.root_h_BD.dtype)
-        if self.probe is not None:
-            attn_BSK = self.probe.attn_BSK
-            row_BK = attn_BSK[torch.arange(self.B, device=self.device), last_B]
-            self.vis_B = visual_share(row_BK[:, None], self.image_BC, self.visual_reduce)[:, 0]
-        tokens = tree.tokens_BN.tolist()
-        lap = self._lap("verify", lap)
+            last_B = (path_BD.gather(1, (n_B - 1).clamp_min(0)[:, None])[:, 0] * (n_B > 0) if path_BD.shape[1]
+                      else torch.zeros_like(n_B))
+            if self.medusa:
+                self.root_h_BD = hidden_BMD[torch.arange(self.B, device=self.device), last_B].to(self.root_h_BD.dtype)
+            if self.probe is not None:
+                row_BK = self.probe.attn_BSK[torch.arange(self.B, device=self.device), last_B]
+                self.vis_B = visual_share(row_BK[:, None], self.image_BC, self.visual_reduce)[:, 0]
+        # the one device -> host transfer of the step: accepted counts, paths, target tokens, drafts
+        D, M = path_BD.shape[1], chosen_BM.shape[1]
+        host = torch.cat([n_B[:, None], path_BD, chosen_BM, tree.tokens_BN], 1).tolist()
+        rows = [(r[0], r[1: 1 + D], r[1 + D: 1 + D + M], r[1 + D + M:]) for r in host]
+        t_verified = self._lap("verify", lap)
+        verify_s, lap = t_verified - lap, t_verified
+        if self.policy is not None:
+            self.policy.observe(tree, self.B, verify_s, draft_s, int(tree.depth_BN.max()) if tree.size else 0,
+                                path_BD, n_B, active_B)
+        finished = self._commit(active, rows, hidden_BMD)
+        self._lap("commit", lap)
+        return [self._finish(b) for b in finished]
 
-        A = max(n) + 1
-        keep_src = self.len_B[:, None].repeat(1, A)       # pads copy the root slot onto itself
-        keep_dst = keep_src.clone()
-        new_tok = torch.zeros(self.B, A, dtype=torch.long, device=self.device)
-        node_idx = torch.zeros(self.B, A, dtype=torch.long, device=self.device)
-        advance = [0] * self.B
-        finished = []
+    def _visual_skips(self, active: list[bool]) -> list[bool]:
+        """ViSkip: slots whose current state looks at the image (share >= tau) draft nothing;
+        with visual tracking every active slot records its share."""
+        skip = [False] * self.B
+        if self.probe is not None:
+            shares = self.vis_B.tolist()
+            for b in range(self.B):
+                if active[b]:
+                    self.slots[b].shares.append(shares[b])
+                    skip[b] = self.viskip is not None and shares[b] >= self.viskip
+        return skip
+
+    def _draft(self, active: list[bool], skip: list[bool]) -> DraftTree:
+        """This step's trees: from the drafter or the proposers, none for skipped slots (or AR)."""
+        drafting = [a and not k for a, k in zip(active, skip)]
+        if self.drafter is not None and any(drafting):
+            cfg = self.tree_cfg.for_batch(sum(active))
+            tree = medusa_tree(self.drafter, self.root_h_BD, cfg) if self.medusa else draft_tree(
+                self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, cfg, self.correction_depth,
+                self.dkeep_BC)
+            return drop_rows(tree, torch.tensor(skip, device=self.device)) if any(skip) else tree
+        if self.new_proposer is not None and any(drafting):
+            budget = self.tree_cfg.for_batch(sum(active)).budget
+            return propose_batch([p if d else None for p, d in zip(self.proposers, drafting)], budget, self.device)
+        return empty_tree(self.B, self.device)
+
+    def _commit(self, active: list[bool], rows: list[tuple], hidden_BMD: torch.Tensor) -> list[int]:
+        """Per slot (host lists): emit the accepted tokens and the bonus token; then, for all slots
+        at once, keep the accepted entries' target KV next to the prefix, feed them to a feature
+        drafter and advance lengths and roots. Returns the slots that finished."""
+        A = max(r[0] for r in rows) + 1
+        keep_src = [[L] * A for L in self.len_host]  # pads copy the root slot onto itself
+        keep_dst = [list(row) for row in keep_src]
+        new_tok, node_idx = [[0] * A for _ in range(self.B)], [[0] * A for _ in range(self.B)]
+        advance, finished = [0] * self.B, []
         for b in range(self.B):
             if not active[b]:
                 continue
-            slot, nodes = self.slots[b], path[b][: n[b]]
-            emitted = [tokens[b][i - 1] for i in nodes] + [chosen[b][nodes[-1] if nodes else 0]]
+            n, path, chosen, tokens = rows[b]
+            slot, nodes = self.slots[b], path[:n]
+            emitted = [tokens[i - 1] for i in nodes] + [chosen[nodes[-1] if nodes else 0]]
             room = slot.request.max_new_tokens - len(slot.tokens)
             for j, t in enumerate(emitted[:room]):
                 slot.tokens.append(t)
@@ -361,23 +406,25 @@ class DecodeEngine:
             if self._done(slot):
                 finished.append(b)
                 continue
-            a = len(nodes)
+            a, L = len(nodes), self.len_host[b]
             advance[b] = 1 + a
-            L = int(self.len_B[b])
-            keep_src[b, 1: a + 1] = L + torch.tensor(nodes, device=self.device)
-            keep_dst[b, 1: a + 1] = L + torch.arange(1, a + 1, device=self.device)
-            new_tok[b, : a + 1] = torch.tensor(emitted, device=self.device)
-            node_idx[b, 1: a + 1] = torch.tensor(nodes, device=self.device)
-        self.tcache.keep(keep_src, keep_dst)
-        adv_B = torch.tensor(advance, device=self.device)
+            keep_src[b][1: a + 1] = [L + i for i in nodes]
+            keep_dst[b][1: a + 1] = range(L + 1, L + a + 1)
+            new_tok[b][: a + 1] = emitted
+            node_idx[b][1: a + 1] = nodes
+        dev = self.device
+        if A > 1:  # some slot accepted drafts: move their KV entries next to its prefix
+            self.tcache.keep(torch.tensor(keep_src, device=dev), torch.tensor(keep_dst, device=dev))
+        adv_B, new_tok_BA = torch.tensor(advance, device=dev), torch.tensor(new_tok, device=dev)
         if self.dcache is not None and any(advance):
-            feats = hidden_BMD.gather(1, node_idx[:, :, None].expand(-1, -1, hidden_BMD.shape[-1]))
-            self._drafter_catch_up(new_tok, feats, adv_B)
+            node_BA = torch.tensor(node_idx, device=dev)
+            feats = hidden_BMD.gather(1, node_BA[:, :, None].expand(-1, -1, hidden_BMD.shape[-1]))
+            self._drafter_catch_up(new_tok_BA, feats, adv_B)
         self.len_B += adv_B
         self.tpos_B += adv_B
-        self.root_B = torch.where(adv_B > 0, new_tok.gather(1, (adv_B - 1).clamp_min(0)[:, None])[:, 0], self.root_B)
-        self._lap("commit", lap)
-        return [self._finish(b) for b in finished]
+        self.len_host = [L + a for L, a in zip(self.len_host, advance)]
+        self.root_B = torch.where(adv_B > 0, new_tok_BA.gather(1, (adv_B - 1).clamp_min(0)[:, None])[:, 0], self.root_B)
+        return finished
 
     def _observe(self, tree: DraftTree, logits_BMV: torch.Tensor, active: list[bool]) -> None:
         """Proposers that learn from the target (Token Recycling's `update`) see the root and the

@@ -19,12 +19,16 @@ import torch
 class TreeConfig:
     width: int = 6      # K_c: children per expanded node, and nodes expanded per depth
     depth: int = 6      # D: longest draft path
-    budget: int = 40    # N: draft nodes verified per step
+    budget: int = 40    # N: draft nodes verified per step (at most, with the goodput policy)
     step_tokens: int = 0  # > 0: at most this many tokens verified per step over the batch (see for_batch)
+    policy: str = "fixed"  # fixed: the budget every step | goodput: the node count that maximises
+                           # expected tokens per second on this hardware, per step (decoding.goodput)
 
     def __post_init__(self):
         if min(self.width, self.depth, self.budget) < 1 or self.step_tokens < 0:
             raise ValueError("tree width, depth and budget must be >= 1, step_tokens >= 0")
+        if self.policy not in ("fixed", "goodput"):
+            raise ValueError(f"tree policy must be 'fixed' or 'goodput', got {self.policy!r}")
 
     def for_batch(self, n_active: int) -> TreeConfig:
         """The tree for a step with n_active samples. With step_tokens set, each sample's tree
@@ -35,7 +39,7 @@ class TreeConfig:
         if not self.step_tokens:
             return self
         b = max(1, min(self.budget, self.step_tokens // max(n_active, 1) - 1))
-        return TreeConfig(min(self.width, b), min(self.depth, b), b)
+        return TreeConfig(min(self.width, b), min(self.depth, b), b, policy=self.policy)
 
 
 @dataclass
@@ -44,10 +48,27 @@ class DraftTree:
     parent_BN: torch.Tensor    # index into 0..N (0: the root)
     depth_BN: torch.Tensor     # 1..D
     anc_BMM: torch.Tensor      # bool: anc[b, i, j] = node j is node i or one of its ancestors
+    score_BN: torch.Tensor | None = None  # cumulative draft log-probability (drafters that score), descending
 
     @property
     def size(self) -> int:
         return self.tokens_BN.shape[1]
+
+    @property
+    def real_BN(self) -> torch.Tensor:
+        """False on pads (a pad is its own parent)."""
+        own_BN = torch.arange(1, self.size + 1, device=self.parent_BN.device)
+        return self.parent_BN != own_BN
+
+
+def truncate(tree: DraftTree, n: int) -> DraftTree:
+    """The first n nodes of every row. Rows are ordered so that each prefix is ancestor-closed
+    (`select_tree`: descending score; proposers: topological), so this is a slice."""
+    if n >= tree.size:
+        return tree
+    return DraftTree(tree.tokens_BN[:, :n], tree.parent_BN[:, :n], tree.depth_BN[:, :n],
+                     tree.anc_BMM[:, : n + 1, : n + 1],
+                     None if tree.score_BN is None else tree.score_BN[:, :n])
 
 
 def ancestor_mask(parent_BN: torch.Tensor, max_depth: int) -> torch.Tensor:
@@ -76,7 +97,7 @@ def select_tree(tokens_BC: torch.Tensor, scores_BC: torch.Tensor, parent_BC: tor
     assert bool(((parent_BN > 0) | (cand_parent_BN < 0)).all()), "selected set is not ancestor-closed"
     depth_BN = depth_BC.gather(1, sel_BN)
     return DraftTree(tokens_BC.gather(1, sel_BN), parent_BN, depth_BN,
-                     ancestor_mask(parent_BN, int(depth_BN.max())))
+                     ancestor_mask(parent_BN, int(depth_BN.max())), scores_BC.gather(1, sel_BN))
 
 
 def prefix_and_new_mask(len_B: torch.Tensor, anc_BQN: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -105,7 +126,7 @@ def drop_rows(tree: DraftTree, rows_B: torch.Tensor) -> DraftTree:
     eye = torch.eye(N + 1, dtype=torch.bool, device=anc.device)
     anc[rows_B] = eye
     return DraftTree(tree.tokens_BN, torch.where(drop_BN, own_BN, tree.parent_BN),
-                     torch.where(drop_BN, torch.ones_like(tree.depth_BN), tree.depth_BN), anc)
+                     torch.where(drop_BN, torch.ones_like(tree.depth_BN), tree.depth_BN), anc, tree.score_BN)
 
 
 def walk(tree: DraftTree, chosen_BM: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -218,13 +218,14 @@ class TargetAdapter(ABC):
         return result
 
     @torch.no_grad()
-    def decode(self, input_ids_BS: torch.Tensor, position_ids: torch.Tensor, attend_BSK: torch.Tensor,
+    def decode(self, input_ids_BS: torch.Tensor, position_ids: torch.Tensor, attend_BSK: torch.Tensor | None,
                cache) -> torch.Tensor:
         """A cached text-only forward of S new tokens per row (decoding, tree verification):
         explicit positions ((B, S), or (3, B, S) for M-RoPE, as `continuation_position_ids` gives)
         and a bool mask over the K keys each query sees (cached + new). Returns the final
-        hidden states (B, S, D)."""
-        mask = additive_mask(attend_BSK, self.embed_tokens.weight.dtype)
+        hidden states (B, S, D). attend_BSK None: one new token per row that sees every key
+        (autoregressive steps of rows of one length) - no mask, the attention kernel's fast path."""
+        mask = None if attend_BSK is None else additive_mask(attend_BSK, self.embed_tokens.weight.dtype)
         out = self.model.model(input_ids=input_ids_BS, attention_mask=mask, position_ids=position_ids,
                                cache=cache, use_cache=True)
         return out.last_hidden_state

@@ -60,8 +60,9 @@ def _cfg(root: Path, out: Path, **extra) -> GenerateConfig:
             "methods": {"ar": {"kind": "ar"}, "fovea": {"drafter": str(root / "drafter"), "tree": {"budget": 12},
                                                       "correction_depth": 6},
                         "control": {"drafter": str(root / "drafter_nc"),
-                                    "tree": {"width": 3, "depth": 4, "budget": 8}}},
-            "compare": ["ar", "fovea", "control"]}
+                                    "tree": {"width": 3, "depth": 4, "budget": 8}},
+                        "hf": {"kind": "hf"}},  # HF generate itself, on the same prompts
+            "compare": ["ar", "fovea", "control", "hf"]}
     for k, v in extra.items():
         data[k] = {**data.get(k, {}), **v}
     return GenerateConfig.model_validate(data)
@@ -116,11 +117,14 @@ def test_methods_are_lossless_at_every_batch_size(run):
         by.setdefault(r["method"], {})[(r["id"], r["turn"])] = r["response_ids"]
     n_turns = sum(len(s["conversation"]) // 2 for s in evals)
     assert len(by["ar"]) == n_turns
-    assert by["fovea"] == by["ar"] and by["control"] == by["ar"]
+    assert by["fovea"] == by["ar"] and by["control"] == by["ar"] and by["hf"] == by["ar"]
     f = m["figures"]
     assert f["fovea_mismatches"] == 0 and f["control_mismatches"] == 0  # includes the batch-3 streams
+    assert f["hf_mismatches"] == 0  # HF's own padded batch of 3 too
+    assert f["fovea_speedup_batch1_vs_hf"] > 0 and set(f["ar_throughput_ratio_vs_hf"]) == {"1", "3"}
+    assert "## Against `hf`" in (run[4] / "report.md").read_text()
     thr = m["details"]["throughput"]
-    for method in ("ar", "fovea", "control"):
+    for method in ("ar", "fovea", "control", "hf"):
         assert set(thr[method]) == {"1", "3"}
         assert thr[method]["3"]["tokens"] == thr["ar"]["1"]["tokens"] > 0
         for t in thr[method].values():  # the phases are laps inside the timed wall

@@ -73,3 +73,9 @@ def tiny_world(tmp_path_factory):
     drafter = train_drafter(adapter, data, steps=250)
     evals = [s for t in TASKS for s in make_split(t, 4, 0, "eval")]
     return adapter, processor, drafter, evals, data
+
+
+@pytest.fixture(params=["fixed", "goodput"])
+def policy(request) -> str:
+    """The tree policy: every lossless test runs under both (goodput only changes tree sizes)."""
+    return request.param

@@ -4,6 +4,8 @@ drafts are accepted (multi-token steps happen); sampling stays reproducible per 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -31,9 +33,10 @@ def _run(adapter, processor, samples, batch, tree, eos, factory=None, max_new=MA
 
 
 @pytest.mark.parametrize("name", ["pld", "sam", "lookahead", "recycling"])
-def test_greedy_equals_hf_generate_batched_and_alone(tiny_world, name):
+def test_greedy_equals_hf_generate_batched_and_alone(tiny_world, name, policy):
     adapter, processor, _, evals, _ = tiny_world
     factory, tree = _methods(adapter.model.config.text_config.vocab_size)[name]
+    tree = dataclasses.replace(tree, policy=policy)
     eos = adapter.model.generation_config.eos_token_id
     refs = {s["id"]: hf_greedy(adapter.model, prompt_inputs(processor, s), MAX_NEW) for s in evals}  # six tasks
     for batch in (1, 3):

@@ -48,11 +48,12 @@ def test_shares_equal_an_eager_forward(tiny_world):
 
 
 @pytest.mark.parametrize("tau", [0.0, 0.2, 0.35, 1.01])
-def test_viskip_never_changes_outputs(tiny_world, tau):
+def test_viskip_never_changes_outputs(tiny_world, tau, policy):
     adapter, processor, drafter, evals, _ = tiny_world
     eos = adapter.model.generation_config.eos_token_id
     refs = {s["id"]: hf_greedy(adapter.model, prompt_inputs(processor, s), MAX_NEW) for s in evals}
-    for kw in (dict(drafter=drafter), dict(proposer=SuffixAutomaton, tree=TreeConfig(budget=10))):
+    for kw in (dict(drafter=drafter, tree=TreeConfig(policy=policy)),
+               dict(proposer=SuffixAutomaton, tree=TreeConfig(budget=10, policy=policy))):
         for batch in (1, 3):
             engine = DecodeEngine(adapter, batch_size=batch, capacity=256, eos_token_ids=eos, viskip=tau, **kw)
             results = list(engine.generate(Request(prompt_inputs(processor, s), MAX_NEW, s["id"]) for s in evals))

@@ -1,0 +1,205 @@
+"""Goodput-driven speculation: how many draft nodes to verify per step, from what the running
+hardware and the drafter's acceptance actually cost and give.
+
+A step over B slots verifies [root, N nodes] per slot in one dense forward (B x (1 + N) tokens;
+a slot with fewer real nodes is padded, so the cost follows N, not each slot's own count). Its
+expected yield is, per active slot, the bonus token plus each verified node's acceptance
+probability (a node is accepted iff its whole path is, and the walk commits accepted nodes + 1):
+
+    goodput(N) = (n_active + sum_b sum_{i < N} p_bi) / (t_draft + t_verify(B * (1 + N)))
+
+Nodes come ordered so that every prefix is ancestor-closed (a feature drafter's / Medusa's tree
+by descending draft score, a proposer's in topological order), so truncating to N is a slice.
+`choose_nodes` picks the N that maximises goodput; N = 0 is a plain AR step. Losslessness is
+untouched: any tree is verified by the target's own rule; only the tree's size changes.
+
+- `CostModel`: t_verify(T) = a + b T, a least-squares fit over measured (tokens, seconds) with
+  exponential forgetting (calibrated when an engine starts, refreshed by every step), and the
+  drafter's seconds per depth (an exponential moving average).
+- `AcceptanceModel`: p(accepted) per node, calibrated online against observed acceptance: by
+  draft confidence (exp of the cumulative draft log-probability, EAGLE-2's score) in buckets for
+  drafters that score their nodes, by depth for training-free proposers; a prior where nothing
+  has been observed yet.
+
+Shapes: B slots, N draft nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+_BUCKETS = 10          # confidence buckets [0, .1), ..., [.9, 1]
+_PRIOR_WEIGHT = 4.0    # pseudo-observations behind each bucket's prior
+
+
+@dataclass
+class CostModel:
+    """Seconds of a verification forward over T tokens (all slots): a + b T, fitted online."""
+
+    decay: float = 0.98            # weight kept by older observations per new one
+    draft_per_depth: float = 0.0   # seconds of one drafting depth (EMA); 0: not measured yet
+    _s: list[float] = field(default_factory=lambda: [0.0] * 5)  # sum w, wT, wT^2, wy, wTy
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        s = self._s
+        for i in range(5):
+            s[i] *= self.decay
+        s[0] += 1.0
+        s[1] += tokens
+        s[2] += tokens * tokens
+        s[3] += seconds
+        s[4] += tokens * seconds
+
+    def observe_draft(self, depth: int, seconds: float, alpha: float = 0.2) -> None:
+        if depth > 0:
+            per = seconds / depth
+            self.draft_per_depth = per if self.draft_per_depth == 0 else (1 - alpha) * self.draft_per_depth + alpha * per
+
+    @property
+    def ready(self) -> bool:
+        return self._s[0] > 0
+
+    def coefficients(self) -> tuple[float, float]:
+        """(a, b) with a, b >= 0; a flat line through the mean while the tokens have not varied."""
+        w, t, t2, y, ty = self._s
+        if w <= 0:
+            return 0.0, 0.0
+        var = w * t2 - t * t
+        b = (w * ty - t * y) / var if var > 1e-9 * max(w * t2, 1.0) else 0.0
+        b = max(b, 0.0)
+        a = max((y - b * t) / w, 0.0)
+        return a, b
+
+    def verify_s(self, tokens: int) -> float:
+        a, b = self.coefficients()
+        return a + b * tokens
+
+
+class AcceptanceModel:
+    """P(a draft node is accepted), calibrated by what verification accepts."""
+
+    def __init__(self, max_depth: int = 64):
+        # bucket -> [accepted, seen], starting from a prior of _PRIOR_WEIGHT pseudo-observations
+        self.conf = [[_PRIOR_WEIGHT * (i + 0.5) / _BUCKETS, _PRIOR_WEIGHT] for i in range(_BUCKETS)]
+        self.depth = [[_PRIOR_WEIGHT * 0.5 ** d, _PRIOR_WEIGHT] for d in range(max_depth + 1)]
+
+    def _table(self, scored: bool) -> list[list[float]]:
+        return self.conf if scored else self.depth
+
+    def _keys(self, score_BN: torch.Tensor | None, depth_BN: torch.Tensor) -> torch.Tensor:
+        if score_BN is not None:
+            return (score_BN.double().exp() * _BUCKETS).long().clamp(0, _BUCKETS - 1)
+        return depth_BN.clamp(0, len(self.depth) - 1)
+
+    def predict(self, score_BN: torch.Tensor | None, depth_BN: torch.Tensor) -> torch.Tensor:
+        """(B, N) probabilities; along each row non-increasing where the nodes are ordered by score
+        (a prefix never values a node above one before it)."""
+        table = self._table(score_BN is not None)
+        rate = torch.tensor([a / n for a, n in table], dtype=torch.float64)
+        p_BN = rate[self._keys(score_BN, depth_BN).cpu()]
+        return torch.cummin(p_BN, dim=1).values if p_BN.numel() else p_BN
+
+    def observe(self, score_BN: torch.Tensor | None, depth_BN: torch.Tensor, real_BN: torch.Tensor,
+                accepted_BN: torch.Tensor) -> None:
+        """Count every real (not padded) verified node and whether the walk accepted it."""
+        table = self._table(score_BN is not None)
+        keys = self._keys(score_BN, depth_BN)[real_BN].tolist()
+        acc = accepted_BN[real_BN].tolist()
+        for k, a in zip(keys, acc):
+            table[k][0] += float(a)
+            table[k][1] += 1.0
+
+
+def choose_nodes(p_BN: torch.Tensor, active_B: torch.Tensor, rows: int, cost: CostModel, draft_s: float = 0.0,
+                 cap: int | None = None) -> tuple[int, list[float]]:
+    """The node count N (0..p.shape[1], at most `cap`) that maximises expected committed tokens
+    per second of the whole step: (n_active + sum over active rows of their first N p's) /
+    (draft_s + t_verify(rows * (1 + N))). Returns (N, goodput of every N considered)."""
+    n_max = p_BN.shape[1] if cap is None else min(p_BN.shape[1], max(cap, 0))
+    active = active_B.to(torch.bool).cpu()
+    gain = p_BN[active].sum(0).cumsum(0).tolist() if n_max else []  # expected accepted drafts, first N nodes
+    n_active = int(active.sum())
+    rates = []
+    for n in range(n_max + 1):
+        value = n_active + (gain[n - 1] if n else 0.0)
+        seconds = (draft_s if n else 0.0) + cost.verify_s(rows * (1 + n))
+        rates.append(value / seconds if seconds > 0 else math.inf * (value > 0))
+    best = max(range(len(rates)), key=lambda n: (rates[n], -n))  # ties: the smaller tree
+    return best, rates
+
+
+class GoodputPolicy:
+    """Per engine: the cost and acceptance models and the choice each step makes with them.
+
+    The first steps explore node counts (the full budget, none, a half, a quarter) so that the
+    cost fit sees several token counts at this batch size and context (its calibration on the
+    running hardware); every `reexplore` steps one more such step keeps the slope current. After
+    `patience` drafted steps in a row that chose no node at all, drafting pauses for a number of
+    steps that doubles up to `max_pause` (each of them a plain AR step, still timed), then it is
+    tried again: where speculation cannot pay, the engine decodes as AR does."""
+
+    def __init__(self, budget: int, reexplore: int = 64, patience: int = 3, max_pause: int = 32):
+        self.cost, self.acceptance = CostModel(), AcceptanceModel()
+        self.explore = [budget, 0, max(1, budget // 2), max(1, budget // 4)]
+        self.reexplore, self.patience, self.max_pause = reexplore, patience, max_pause
+        self.steps, self.zero_streak, self.pause, self.pause_left = 0, 0, 1, 0
+        self.chosen: list[int] = []            # node count per drafted step
+        self.active_per_step: list[int] = []
+        self.predicted, self.accepted = 0.0, 0.0  # summed over verified real nodes (calibration)
+
+    def should_draft(self) -> bool:
+        if self.pause_left > 0:
+            self.pause_left -= 1
+            return False
+        return True
+
+    def choose(self, tree, active_B: torch.Tensor, rows: int):
+        """The tree truncated to the chosen node count (see choose_nodes)."""
+        from spec_core.decoding.tree import truncate
+
+        p_BN = self.acceptance.predict(tree.score_BN, tree.depth_BN) * tree.real_BN.cpu()
+        k = self.steps if self.steps < len(self.explore) else (
+            self.steps // self.reexplore if self.steps % self.reexplore == 0 else None)
+        if k is not None or not self.cost.ready:
+            n = min(self.explore[(k or 0) % len(self.explore)], tree.size)
+        else:
+            n, _ = choose_nodes(p_BN, active_B, rows, self.cost)
+        self.steps += 1
+        self.chosen.append(n)
+        self.active_per_step.append(int(active_B.sum()))
+        self.zero_streak = self.zero_streak + 1 if n == 0 else 0
+        if self.zero_streak >= self.patience:  # speculation does not pay here now: AR for a while
+            self.pause_left, self.pause, self.zero_streak = self.pause, min(2 * self.pause, self.max_pause), 0
+        elif n > 0:
+            self.pause = 1
+        self._p_BN = p_BN[:, :n]
+        return truncate(tree, n)
+
+    def observe(self, tree, rows: int, verify_s: float, draft_s: float, draft_depth: int,
+                path_BD: torch.Tensor, n_B: torch.Tensor, active_B: torch.Tensor) -> None:
+        """A verified step: its cost, and which of its real nodes the walk accepted."""
+        self.cost.observe(rows * (1 + tree.size), verify_s)
+        if tree.size == 0:
+            return
+        self.cost.observe_draft(draft_depth, draft_s)
+        accepted_BN = torch.zeros(tree.tokens_BN.shape, dtype=torch.bool)
+        path, n = path_BD.cpu(), n_B.cpu()
+        for b in range(path.shape[0]):
+            nodes = path[b, : int(n[b])]
+            accepted_BN[b, nodes - 1] = True
+        real_BN = tree.real_BN.cpu() & active_B.cpu()[:, None]
+        self.predicted += float(self._p_BN[real_BN].sum())
+        self.accepted += float(accepted_BN[real_BN].sum())
+        self.acceptance.observe(None if tree.score_BN is None else tree.score_BN.cpu(), tree.depth_BN.cpu(),
+                                real_BN, accepted_BN)
+
+    def stats(self) -> dict:
+        """What the reports show: nodes per slot per step, the cost fit, the calibration."""
+        a, b = self.cost.coefficients()
+        return {"steps": self.steps, "mean_nodes": sum(self.chosen) / len(self.chosen) if self.chosen else 0.0,
+                "verify_ms_intercept": 1e3 * a, "verify_ms_per_token": 1e3 * b,
+                "draft_ms_per_depth": 1e3 * self.cost.draft_per_depth,
+                "predicted_accepted": self.predicted, "observed_accepted": self.accepted}

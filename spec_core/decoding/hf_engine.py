@@ -1,0 +1,104 @@
+"""HF `generate` behind the DecodeEngine interface: the baseline users know, on the same prompts.
+
+`HFEngine(adapter, batch_size=b).generate(requests)` decodes the requests b at a time as one
+left-padded `model.generate` call each (HF's static batching: a batch ends when its longest
+answer does), with the same sampling rule and end-of-sequence ids as the engine. Results carry
+the same fields as `DecodeEngine`'s (one target step per new token after the first; prefill and
+decode are not separated inside `generate`, so all time is `decode_s`). Greedy output equals the
+engine's AR token for token (tested), so every run with an `hf` method re-checks the lossless
+contract against HF itself.
+
+Shapes: B batch, T prompt tokens (left-padded to the longest).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from spec_core.decoding.engine import Request, Result
+from spec_core.decoding.sampling import SamplingConfig
+
+
+PER_TOKEN = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")  # (1, T) each
+
+
+def pad_batch(inputs: list[dict], pad_id: int) -> dict:
+    """Per-request processor outputs (batch 1 each) -> one left-padded batch: the per-token
+    tensors (PER_TOKEN) are left-padded (ids with pad_id, the rest with 0), everything else
+    (pixel values, image sizes, grids) is concatenated along its first dimension in request order."""
+    lengths = [int(x["input_ids"].shape[-1]) for x in inputs]
+    T = max(lengths)
+    out = {}
+    for key in inputs[0]:
+        parts = [torch.as_tensor(x[key]) for x in inputs]
+        if key in PER_TOKEN:
+            fill = pad_id if key == "input_ids" else 0
+            parts = [torch.nn.functional.pad(p, (T - n, 0), value=fill) for p, n in zip(parts, lengths)]
+        out[key] = torch.cat(parts, dim=0)
+    if "attention_mask" not in out:
+        out["attention_mask"] = torch.stack([torch.arange(T) >= T - n for n in lengths]).long()
+    return out
+
+
+class HFEngine:
+    """`model.generate` on `batch_size` requests at a time (see the module docstring)."""
+
+    def __init__(self, adapter, *, batch_size: int = 1, sampling: SamplingConfig | None = None,
+                 eos_token_ids: Iterable[int] = (), generator: torch.Generator | None = None):
+        self.adapter, self.B = adapter, batch_size
+        self.sampling = sampling or SamplingConfig()
+        self.eos = [int(e) for e in eos_token_ids]
+        self.gen = generator or torch.Generator(device=adapter.model.device)
+        cfg = adapter.model.generation_config
+        pad = cfg.pad_token_id if cfg.pad_token_id is not None else adapter.text_config.pad_token_id
+        self.pad_id = int(pad if pad is not None else (self.eos[0] if self.eos else 0))
+        self.phase_s = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "commit": 0.0}
+        self._sync = torch.cuda.synchronize if adapter.model.device.type == "cuda" else (lambda: None)
+
+    def state_bytes(self) -> int:
+        return 0  # HF's DynamicCache lives only inside a generate call
+
+    def close(self) -> None:
+        pass
+
+    def _config(self, max_new: int):
+        """The checkpoint's generation config with the engine's rule: its EOS ids only (none: no
+        stop), raw logits (no repetition penalty), greedy argmax or our sampling warpers."""
+        import copy
+
+        s, cfg = self.sampling, copy.deepcopy(self.adapter.model.generation_config)
+        # no EOS: an id no token has, the vocabulary size (None would fall back to the checkpoint's EOS)
+        cfg.update(max_new_tokens=max_new, min_new_tokens=0, do_sample=s.do_sample, eos_token_id=self.eos or [self.adapter.lm_head.weight.shape[0]],
+                   pad_token_id=self.pad_id, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
+                   temperature=s.temperature if s.do_sample else None,
+                   top_k=(s.top_k or None) if s.do_sample else None, top_p=s.top_p if s.do_sample else None)
+        return cfg
+
+    @torch.no_grad()
+    def generate(self, requests: Iterable[Request]) -> Iterator[Result]:
+        reqs = list(requests)
+        for i in range(0, len(reqs), self.B):
+            chunk = reqs[i: i + self.B]
+            batch = pad_batch([dict(r.inputs) for r in chunk], self.pad_id)
+            batch = {k: v.to(self.adapter.model.device) for k, v in batch.items()}
+            max_new = max(r.max_new_tokens for r in chunk)
+            if self.sampling.do_sample:  # generate draws from the global RNG: seed it from ours
+                torch.manual_seed(int(torch.randint(2**62, (1,), generator=self.gen, device=self.gen.device)))
+            t0 = time.perf_counter()
+            out = self.adapter.model.generate(**batch, generation_config=self._config(max_new))
+            self._sync()
+            dt = time.perf_counter() - t0
+            self.phase_s["verify"] += dt
+            new_BN = out[:, batch["input_ids"].shape[1]:].tolist()
+            for r, row in zip(chunk, new_BN):
+                yield self._result(r, row, dt)
+
+    def _result(self, request: Request, row: list[int], seconds: float) -> Result:
+        tokens = row[: request.max_new_tokens]
+        end = next((j for j, t in enumerate(tokens) if t in self.eos), None)
+        tokens = tokens if end is None else tokens[: end + 1]
+        return Result(request.key, torch.tensor([tokens]), [1] * max(len(tokens) - 1, 0), 0.0, seconds,
+                      "eos" if end is not None else "length")

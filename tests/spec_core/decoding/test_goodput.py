@@ -1,0 +1,81 @@
+"""spec_core.decoding.goodput: the chooser on synthetic costs (free verification -> the full tree,
+expensive -> AR, the cap), the cost fit against a known line, acceptance calibration."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from spec_core.decoding.goodput import AcceptanceModel, CostModel, choose_nodes
+
+
+def _cost(a: float, b: float) -> CostModel:
+    cm = CostModel()
+    for t in (4, 8, 16, 32, 64):
+        cm.observe(t, a + b * t)
+    return cm
+
+
+P = torch.tensor([[0.9, 0.8, 0.6, 0.3, 0.1, 0.05], [0.7, 0.5, 0.5, 0.2, 0.0, 0.0]], dtype=torch.float64)
+ACTIVE = torch.tensor([True, True])
+
+
+def test_cost_fit_recovers_a_line_and_forgets_the_past():
+    a, b = _cost(0.01, 0.002).coefficients()
+    assert a == pytest.approx(0.01) and b == pytest.approx(0.002)
+    cm = _cost(0.01, 0.002)
+    for _ in range(400):  # the hardware changed (a slower machine): the fit follows
+        for t in (4, 16, 64):
+            cm.observe(t, 0.02 + 0.004 * t)
+    a, b = cm.coefficients()
+    assert a == pytest.approx(0.02, rel=0.02) and b == pytest.approx(0.004, rel=0.02)
+    flat = CostModel()
+    flat.observe(8, 0.05)
+    flat.observe(8, 0.07)
+    assert flat.coefficients() == pytest.approx((0.06, 0.0), abs=1e-3)  # no variation in T: a flat line
+    assert not CostModel().ready and flat.ready
+
+
+def test_free_verification_takes_the_full_tree():
+    n, _ = choose_nodes(P, ACTIVE, rows=2, cost=_cost(0.01, 0.0))
+    assert n == P.shape[1]
+
+
+def test_expensive_verification_takes_ar():
+    n, rates = choose_nodes(P, ACTIVE, rows=2, cost=_cost(0.001, 0.01))
+    assert n == 0 and rates[0] == max(rates)
+
+
+def test_the_choice_is_the_brute_force_optimum():
+    for a, b, draft in itertools.product((0.002, 0.01, 0.05), (0.0, 0.0005, 0.002, 0.01), (0.0, 0.005)):
+        cm = _cost(a, b)
+        n, _ = choose_nodes(P, ACTIVE, rows=2, cost=cm, draft_s=draft)
+        brute = [(2 + float(P[:, :k].sum())) / ((draft if k else 0) + a + b * 2 * (1 + k)) for k in range(7)]
+        assert brute[n] == pytest.approx(max(brute)), (a, b, draft)
+
+
+def test_never_more_than_the_cap_and_inactive_rows_count_nothing():
+    n, rates = choose_nodes(P, ACTIVE, rows=2, cost=_cost(0.01, 0.0), cap=3)
+    assert n == 3 and len(rates) == 4
+    only_second, _ = choose_nodes(P, torch.tensor([False, True]), rows=2, cost=_cost(0.01, 0.0008))
+    both, _ = choose_nodes(P, ACTIVE, rows=2, cost=_cost(0.01, 0.0008))
+    assert only_second <= both  # the first row's confident nodes no longer pay for the step
+
+
+def test_acceptance_calibrates_to_what_is_observed():
+    acc = AcceptanceModel()
+    score = torch.log(torch.full((1, 4), 0.95, dtype=torch.float64))  # the drafter is 95% sure
+    depth = torch.ones(1, 4, dtype=torch.long)
+    assert acc.predict(score, depth)[0, 0] == pytest.approx(0.95)  # the prior: its own confidence
+    real = torch.ones(1, 4, dtype=torch.bool)
+    for _ in range(200):  # but only 1 in 4 is accepted
+        acc.observe(score, depth, real, torch.tensor([[True, False, False, False]]))
+    assert acc.predict(score, depth)[0, 0] == pytest.approx(0.25, abs=0.02)
+    # proposers: by depth, non-increasing along a row
+    d = torch.tensor([[1, 2, 3, 1]])
+    for _ in range(100):
+        acc.observe(None, d, real, torch.tensor([[True, True, False, False]]))
+    p = acc.predict(None, d)[0].tolist()
+    assert p[0] == pytest.approx(0.5, abs=0.05) and p[1] <= p[0] and p[3] <= p[2]
