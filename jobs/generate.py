@@ -57,6 +57,9 @@ class TreeSection(Strict):
     budget: int = Field(40, ge=1, description="draft nodes verified per step")
     step_tokens: int = Field(0, ge=0, description="> 0: at most this many tokens verified per step over "
                              "the batch; trees shrink as more samples share a step (TreeConfig.for_batch)")
+    policy: Literal["goodput", "fixed"] = Field("goodput", description="goodput: per step, the node count (up "
+                                                "to budget) that maximises expected tokens per second on this "
+                                                "hardware, AR where speculation cannot pay; fixed: budget every step")
 
 
 # methods with a trained drafter: kind -> the saved directory's format tag
@@ -228,7 +231,7 @@ def main(cfg: GenerateConfig) -> dict:
     plans = [MethodPlan(name, local(m.drafter) if m.drafter else None, m.visual_correction,
                         m.tree.width, m.tree.depth, _budget(m), m.tree.step_tokens, m.correction_depth,
                         m.kind if m.kind not in ("ar", "hf", *TRAINED) else None, dict(m.params), m.viskip,
-                        hf=m.kind == "hf")
+                        hf=m.kind == "hf", policy=m.tree.policy)
              for name, m in ((n, cfg.methods[n]) for n in cfg.compare)]
     gen = cfg.generation
     with rec.stage("generate") as st:
@@ -295,6 +298,10 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], t
         rec.figure(f"{m}_throughput_ratio", {b: round(t["ratio"], 3) if t["ratio"] else None
                                              for b, t in throughput[m].items()})
         rec.figure(f"{m}_{baseline}_overtakes_at_batch", gr.overtaken_at(throughput, m))
+        nodes = {b: round(t["policy"]["nodes"] / max(t["policy"]["steps"], 1), 2)
+                 for b, t in throughput[m].items() if t.get("policy")}
+        if nodes:  # goodput: the mean tree it chose per batch size
+            rec.figure(f"{m}_nodes_per_step", nodes)
         rec.figure(f"{m}_mismatches", bad.get(m, 0) + sum(t["mismatches"] for t in throughput[m].values()))
     rec.detail("per_task", tasks)
     rec.detail("throughput", throughput)

@@ -14,6 +14,7 @@ import threading
 from collections import defaultdict
 
 ALL = "all"
+POLICY_COUNTS = ("steps", "nodes", "predicted_accepted", "observed_accepted")  # goodput stats that add up
 _PLOT_LOCK = threading.Lock()  # matplotlib (its text parser) is not thread-safe: jobs may run in threads
 
 
@@ -49,6 +50,7 @@ def throughput_table(records: list[dict], methods: list[str], baseline: str) -> 
     """method -> batch size -> {tokens, seconds, tokens_per_s, ratio (to the baseline), mismatches}."""
     sums: dict[str, dict[str, list]] = {m: defaultdict(lambda: [0, 0.0, 0]) for m in methods}
     phases: dict[str, dict[str, dict[str, float]]] = {m: defaultdict(lambda: defaultdict(float)) for m in methods}
+    policy: dict[str, dict[str, dict]] = {m: defaultdict(dict) for m in methods}
     for rec in records:
         for m in methods:
             for batch, t in rec.get("throughput", {}).get(m, {}).items():
@@ -56,6 +58,9 @@ def throughput_table(records: list[dict], methods: list[str], baseline: str) -> 
                 s[0], s[1], s[2] = s[0] + t["tokens"], s[1] + t["seconds"], s[2] + t.get("mismatches", 0)
                 for phase, sec in t.get("phases", {}).items():
                     phases[m][batch][phase] += sec
+                for k, v in t.get("policy", {}).items():  # counts add up; the cost fit: the latest shard's
+                    p = policy[m][batch]
+                    p[k] = p.get(k, 0) + v if k in POLICY_COUNTS else v
     out = {}
     for m in methods:
         out[m] = {}
@@ -67,6 +72,8 @@ def throughput_table(records: list[dict], methods: list[str], baseline: str) -> 
             out[m][batch] = {"tokens": tok, "seconds": round(sec, 3), "tokens_per_s": tps,
                              "ratio": tps / base_tps if tps and base_tps else None, "mismatches": bad,
                              "phases": {p: round(v, 3) for p, v in phases[m][batch].items()}}
+            if policy[m].get(batch):
+                out[m][batch]["policy"] = policy[m][batch]
     return out
 
 
@@ -174,6 +181,18 @@ def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list
             tok = max(throughput[m][b]["tokens"], 1)
             lines.append(f"| {m} | {b} | " + " | ".join(f"{1e3 * ph.get(p, 0.0) / tok:.2f}" for p in
                                                        ("prefill", "draft", "verify", "commit")) + " |")
+    chosen = [(m, b, t["policy"]) for m in methods for b, t in sorted(throughput.get(m, {}).items(),
+                                                                     key=lambda kv: int(kv[0])) if t.get("policy")]
+    if chosen:
+        lines += ["", "## Goodput policy (nodes verified per slot per step, the cost fit of a verification "
+                  "forward, acceptance predicted vs observed)", "",
+                  "| method | batch | steps | nodes per slot per step | verify ms = a + b x tokens | draft ms per depth "
+                  "| accepted drafts predicted / observed |", "|---|---|---|---|---|---|---|"]
+        for m, b, p in chosen:
+            calib = p["predicted_accepted"] / p["observed_accepted"] if p.get("observed_accepted") else None
+            lines.append(f"| {m} | {b} | {p['steps']} | {p['nodes'] / max(p['steps'], 1):.2f} | "
+                         f"{p['verify_ms_intercept']:.2f} + {p['verify_ms_per_token']:.3f} x T | "
+                         f"{p['draft_ms_per_depth']:.2f} | {_f(calib)} |")
     if memory:
         lines += ["", "## Memory (peak, MiB; delta to " + f"`{baseline}`)", "",
                   "| method | " + " | ".join(memory[methods[0]]) + " |", "|" + "---|" * (1 + len(memory[methods[0]]))]

@@ -55,6 +55,7 @@ REJECTS_SCHEMA = pa.schema([
     ("stage", pa.string()), ("reason", pa.string()),
 ])
 KINDS = {"responses": RESPONSES_SCHEMA, "metrics": METRICS_SCHEMA, "rejects": REJECTS_SCHEMA}
+ADDITIVE = ("steps", "nodes", "predicted_accepted", "observed_accepted")  # goodput stats summed over shards
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class MethodPlan:
     params: dict | None = None            # its parameters (None: MMSpec's defaults)
     viskip: float | None = None           # ViSkip threshold (None: off)
     hf: bool = False                      # HF `generate` itself (static padded batches), the users' baseline
+    policy: str = "goodput"               # tree size per step: goodput | fixed (spec_core.decoding.goodput)
 
 
 def _seed(base: int, sample_id: str, turn: int) -> int:
@@ -133,7 +135,7 @@ class GenerateWorker:
             engine.phase_s = dict.fromkeys(engine.phase_s, 0.0)
             self.engines[key] = engine
         if key not in self.engines:
-            tree = TreeConfig(method.width, method.depth, method.budget, method.step_tokens)
+            tree = TreeConfig(method.width, method.depth, method.budget, method.step_tokens, method.policy)
             drafter = self.drafters.get(method.drafter) if method.drafter else None
             proposer = None
             if method.proposer:
@@ -192,7 +194,8 @@ class GenerateWorker:
             if self.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             try:
-                (res,) = engine.generate([Request(inputs, self.max_new, (sample["id"], turn))])
+                seed = _seed(self.seed, sample["id"], turn)  # keys the sampled draws (same tokens at any batch)
+                (res,) = engine.generate([Request(inputs, self.max_new, (sample["id"], turn), seed)])
             except (ValueError, RuntimeError) as err:  # a prompt the target cannot take: this sample's
                 out["rejects"].append({**base, "stage": "decode", "reason": f"{type(err).__name__}: {err}"})
                 del self.engines[(method.name, 1)]  # a step may have failed half-way: a fresh engine
@@ -201,7 +204,7 @@ class GenerateWorker:
                 self.gpu_peak[method.name] = max(self.gpu_peak.get(method.name, 0), torch.cuda.max_memory_allocated())
             self.peak_state[method.name] = max(self.peak_state.get(method.name, 0), engine.state_bytes())
             answer = res.sequences[0].tolist()
-            prompts.append({"key": (sample["id"], turn), "inputs": inputs, "answer": answer})
+            prompts.append({"key": (sample["id"], turn), "inputs": inputs, "answer": answer, "seed": seed})
             self._record(out, sample, method, turn, prompt, res)
             ids, mask, _ = splice_answer(ids, mask, span, answer, self.eos)
         return prompts
@@ -229,7 +232,7 @@ class GenerateWorker:
 
         if not prompts:
             return {"tokens": 0, "seconds": 0.0, "mismatches": 0}
-        requests = [Request(p["inputs"], self.max_new, p["key"]) for p in prompts]
+        requests = [Request(p["inputs"], self.max_new, p["key"], p["seed"]) for p in prompts]
         engine = self._engine(method, batch, requests[0].inputs)
         engine.gen.manual_seed(self.seed)
         t0 = time.perf_counter()
@@ -237,7 +240,9 @@ class GenerateWorker:
         seconds = time.perf_counter() - t0
         self.peak_state[method.name] = max(self.peak_state.get(method.name, 0), engine.state_bytes())
         want = {p["key"]: p["answer"] for p in prompts}
-        mismatches = 0 if self.sampling.do_sample else sum(r.sequences[0].tolist() != want[r.key] for r in results)
+        # keyed draws: a batch samples each request's batch-1 tokens too (HF's own sampling does not)
+        checked = not (self.sampling.do_sample and method.hf)
+        mismatches = sum(r.sequences[0].tolist() != want[r.key] for r in results) if checked else 0
         return {"tokens": sum(r.sequences.shape[1] for r in results), "seconds": seconds, "mismatches": mismatches}
 
     # --- one shard -------------------------------------------------------------------------------
@@ -271,6 +276,7 @@ class GenerateWorker:
 
         t0 = time.perf_counter()
         phases0 = {k: dict(e.phase_s) for k, e in self.engines.items()}
+        policy0 = {k: e.policy.stats() for k, e in self.engines.items() if getattr(e, "policy", None) is not None}
         if item["manifest"] not in self.manifests:
             self.manifests[item["manifest"]] = pq.read_table(io.BytesIO(self.store.read_bytes(item["manifest"])))
         rows = self.manifests[item["manifest"]].take(list(item["rows"])).to_pylist()
@@ -293,6 +299,10 @@ class GenerateWorker:
             if str(batch) in throughput[name]:
                 before = phases0.get((name, batch), {})
                 throughput[name][str(batch)]["phases"] = {p: v - before.get(p, 0.0) for p, v in engine.phase_s.items()}
+                if getattr(engine, "policy", None) is not None:  # goodput: its choices and fit, this shard
+                    now, was = engine.policy.stats(), policy0.get((name, batch), {})
+                    throughput[name][str(batch)]["policy"] = {k: v - was.get(k, 0) if k in ADDITIVE else v
+                                                              for k, v in now.items()}
         record = {"rows": list(item["rows"]),  # the manifest rows this marker covers
                   "samples": len(samples), "rejects": len(out["rejects"]), "throughput": throughput,
                   "state_bytes": dict(self.peak_state), "gpu_peak_bytes": dict(self.gpu_peak),

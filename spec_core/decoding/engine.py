@@ -24,7 +24,10 @@ the walk only decides how many of those tokens one forward yields. Greedy: the o
 target's greedy sequence. Sampling: each emitted token is a draw from the target's processed
 distribution given the committed prefix (a draw is used at most once), so the sequence has the
 target's distribution; for a deterministic candidate set this "sample, then look for the
-child" rule accepts with probability p(children), the most any lossless rule can.
+child" rule accepts with probability p(children), the most any lossless rule can. Draws are
+keyed by (the request's seed, sequence position) (`noise`, inverse CDF): the token a sample gets
+at a position does not depend on which step, tree or batch resolved it, so a seeded request
+decodes to the same tokens alone or batched, under any tree policy, as with AR.
 
 Shapes: B slots, M = N + 1 tree nodes with the root, D hidden, V vocabulary, K keys, A accepted.
 """
@@ -57,6 +60,7 @@ class Request:
     inputs: Mapping[str, Any]     # one sample's processor output (batch dimension 1)
     max_new_tokens: int
     key: Any = None
+    seed: int | None = None       # sampling: keys its draws (None: one drawn from the engine's generator)
 
 
 @dataclass
@@ -131,6 +135,7 @@ class DecodeEngine:
         self.len_host = [0] * batch_size  # len_B on the host: no device read to size a step
         self.tpos_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.root_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        self.seed_B = torch.zeros(batch_size, dtype=torch.long, device=dev)  # sampling: each slot's draw key
         self.mrope = False
         D = adapter.text_config.hidden_size
         self.root_h_BD = torch.zeros(batch_size, D, device=dev,
@@ -188,7 +193,12 @@ class DecodeEngine:
         if T + request.max_new_tokens + self.scratch() > self.capacity:
             raise ValueError(f"prompt of {T} tokens + {request.max_new_tokens} new does not fit the "
                              f"cache capacity {self.capacity}")
-        first = choose_tokens(self.adapter.lm_head(out.final_hidden_BTD[:, -1]), self.sampling, self.gen)
+        if self.sampling.do_sample:  # draws keyed by (seed, position): independent of trees and batches
+            seed = request.seed if request.seed is not None else int(
+                torch.randint(2**31 - 1, (1,), generator=self.gen, device=self.gen.device if self.gen else "cpu"))
+            self.seed_B[b] = seed
+        keys = (self.seed_B[b: b + 1], torch.tensor([T], device=self.device)) if self.sampling.do_sample else None
+        first = choose_tokens(self.adapter.lm_head(out.final_hidden_BTD[:, -1]), self.sampling, keys=keys)
         y = int(first[0])
         self.tcache.load(b, dynamic_cache_kv(cache))
         self.mrope = out.position_ids.dim() == 3
@@ -328,7 +338,11 @@ class DecodeEngine:
             self.probe.armed = False
         if self.new_proposer is not None:
             self._observe(tree, logits_BMV, active)
-        chosen_BM = choose_tokens(logits_BMV, self.sampling, self.gen)
+        keys = None
+        if self.sampling.do_sample:  # node at depth d draws the token of sequence position len + d + 1
+            depth_BM = torch.cat([torch.zeros_like(self.len_B[:, None]), tree.depth_BN], 1)
+            keys = (self.seed_B[:, None], self.len_B[:, None] + 1 + depth_BM)
+        chosen_BM = choose_tokens(logits_BMV, self.sampling, keys=keys)
         if tree.size:
             path_BD, n_B = walk(tree, chosen_BM)
         else:  # AR: nothing to walk

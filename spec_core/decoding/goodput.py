@@ -199,7 +199,7 @@ class GoodputPolicy:
     def stats(self) -> dict:
         """What the reports show: nodes per slot per step, the cost fit, the calibration."""
         a, b = self.cost.coefficients()
-        return {"steps": self.steps, "mean_nodes": sum(self.chosen) / len(self.chosen) if self.chosen else 0.0,
-                "verify_ms_intercept": 1e3 * a, "verify_ms_per_token": 1e3 * b,
-                "draft_ms_per_depth": 1e3 * self.cost.draft_per_depth,
-                "predicted_accepted": self.predicted, "observed_accepted": self.accepted}
+        return {"steps": self.steps, "nodes": sum(self.chosen),  # additive: nodes per slot summed over steps
+                "predicted_accepted": self.predicted, "observed_accepted": self.accepted,
+                "verify_ms_intercept": 1e3 * a, "verify_ms_per_token": 1e3 * b,  # the current fit
+                "draft_ms_per_depth": 1e3 * self.cost.draft_per_depth}

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from spec_core.decoding import noise
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -50,11 +52,19 @@ def target_distribution(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tens
     return processed_logits(logits, cfg).softmax(-1)
 
 
-def choose_tokens(logits: torch.Tensor, cfg: SamplingConfig,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
-    """One target token per row of `logits` (..., V) -> (...): argmax, or an independent draw."""
+def choose_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None,
+                  keys: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """One target token per row of `logits` (..., V) -> (...): argmax, or a draw. With `keys`
+    ((seed, sequence position), broadcastable to the rows) the draw is the inverse CDF at a
+    uniform hashed from the key (`noise`): a sample's token at a position is then the same
+    whichever step, tree or batch resolves it, so speculative output equals AR's draw for draw."""
     if not cfg.do_sample:
         return logits.argmax(-1)
     probs = processed_logits(logits, cfg).softmax(-1)
+    if keys is not None:
+        seed, pos = keys
+        u = noise.uniform(seed, pos, noise.TOKEN).to(probs.device, torch.float64)
+        cdf = probs.double().cumsum(-1)
+        return torch.searchsorted(cdf, (u * cdf[..., -1])[..., None].contiguous()).squeeze(-1).clamp_max(probs.shape[-1] - 1)
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

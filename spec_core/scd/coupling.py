@@ -1,7 +1,7 @@
 """Modified rejection sampling and the couplings of consecutive Jacobi iterations (SCD, Alg. 1/4/5).
 
 Every function works row-wise on distributions (..., V) that sum to one and takes its randomness
-as keyed uniforms / Gumbel noise (spec_core.scd.noise), one value per row (or per row and id).
+as keyed uniforms / Gumbel noise (spec_core.decoding.noise), one value per row (or per row and id).
 
 - `mrs(p, q, x, u_accept, u_residual)`: accept x ~ q with probability min(1, p(x)/q(x)), else draw
   from normalise(max(0, p - q)). Output ~ p. It is also the maximal coupling of (p, q): the pair

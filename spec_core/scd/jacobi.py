@@ -34,7 +34,7 @@ import torch
 
 from spec_core.decoding.cache import RaggedCache
 from spec_core.decoding.tree import prefix_and_new_mask
-from spec_core.scd import noise
+from spec_core.decoding import noise
 from spec_core.scd.adapters.base import ImageLayout, VisualLM
 from spec_core.scd.config import ScdConfig
 from spec_core.scd.coupling import gumbel_argmax, mrs, sample_inverse_cdf

@@ -127,3 +127,28 @@ def test_speculative_sampling_matches_the_exact_distribution(sampling, methods, 
         assert tv < 0.08, (name, tv)
         if dr is not None:  # drafts were accepted, so the tree walk's accept path was exercised
             assert sum(sum(r.accept_lengths) - r.steps for r in results) > (n // 2 if policy == "fixed" else 0)
+
+
+def test_a_seeded_request_samples_the_same_tokens_whatever_decodes_it(tiny_world):
+    """Keyed draws: AR, speculative with either tree policy, alone or batched - the same sequence
+    (the token at a position is the inverse CDF at a uniform keyed by the seed and position)."""
+    from tests.spec_core.decoding.conftest import prompt_inputs
+
+    adapter, processor, drafter, evals, _ = tiny_world
+    sampling = SamplingConfig(do_sample=True, temperature=1.2, top_k=20)
+    samples = evals[::3]
+
+    def run(dr, batch, policy):
+        engine = DecodeEngine(adapter, dr, batch_size=batch, capacity=256, sampling=sampling,
+                              tree=TreeConfig(policy=policy))
+        reqs = [Request(prompt_inputs(processor, s), 24, s["id"], seed=1000 + i) for i, s in enumerate(samples)]
+        return {r.key: r.sequences[0].tolist() for r in engine.generate(reqs)}
+
+    ar = run(None, 1, "fixed")
+    assert run(None, 3, "fixed") == ar
+    for policy in ("fixed", "goodput"):
+        for batch in (1, 3):
+            assert run(drafter, batch, policy) == ar, (policy, batch)
+    other = DecodeEngine(adapter, None, capacity=256, sampling=sampling)
+    assert [r.sequences[0].tolist() for r in other.generate(
+        [Request(prompt_inputs(processor, samples[0]), 24, seed=1001)])] != [ar[samples[0]["id"]]]  # seeds matter

@@ -3,7 +3,7 @@
 
 import torch
 
-from spec_core.scd import noise
+from spec_core.decoding import noise
 from spec_core.scd.coupling import gumbel_argmax, mrs, sample_inverse_cdf, total_variation
 
 N = 200_000

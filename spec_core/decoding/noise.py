@@ -15,8 +15,9 @@ import torch
 
 M32 = 0xFFFFFFFF
 
-# Streams: independent families of draws for one (sample, position, iteration).
-ACCEPT, RESIDUAL, FRESH, DRAFT, COIN, GUMBEL = range(1, 7)
+# Streams: independent families of draws for one (sample, position, iteration). TOKEN: the
+# speculative-decoding engine's draw of the target's token at a sequence position.
+ACCEPT, RESIDUAL, FRESH, DRAFT, COIN, GUMBEL, TOKEN = range(1, 8)
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 import torch
 
-from spec_core.scd import noise
+from spec_core.decoding import noise
 
 
 def test_mul32_matches_python_modular_product():
