@@ -91,10 +91,11 @@ def ray_head(tmp_path):
         yield f"127.0.0.1:{port}", env, f"http://127.0.0.1:{dash}"
     finally:
         os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=30)
+        try:  # `ray start --block` rarely exits on SIGTERM alone: a short grace, then the group goes
+            head.wait(timeout=3)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=30)
         marker = Path("/tmp/ray/ray_current_cluster")  # left behind by `ray start`
         if marker.is_file() and str(port) in marker.read_text():
             marker.unlink()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from jobs.lib.config import Strict
@@ -29,6 +30,28 @@ def where_am_i() -> dict:
     return {"actor": f"{socket.gethostname()}:{os.getpid()}", "node": node}
 
 
+class _StageErrorWithoutTraceback(logging.Filter):
+    """Ray Data logs a failed stage's exception with its traceback before it raises that same
+    exception in the driver. The job then says it once: a user error as one line, a bug with its
+    traceback (jobs.lib.job.one_line_errors). Keep Ray's log line, drop its copy of the trace."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+# the loggers that report a Ray Data stage's exception on the driver before raising it
+_STAGE_ERROR_LOGGERS = ("ray.data._internal.execution.streaming_executor_state",
+                        "ray.data._internal.execution.streaming_executor")
+
+
+def _quiet_stage_tracebacks() -> None:
+    for name in _STAGE_ERROR_LOGGERS:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _StageErrorWithoutTraceback) for f in log.filters):
+            log.addFilter(_StageErrorWithoutTraceback())
+
+
 def init_ray(cfg: RayConfig) -> dict:
     """Start or join Ray once per process; returns {'mode': 'joined'|'local', 'resources': {...}}."""
     import ray
@@ -54,4 +77,5 @@ def init_ray(cfg: RayConfig) -> dict:
     # a Ray Data stage's own exception reaches the driver (not a UserCodeException that has lost
     # it), so jobs can tell an unreachable storage from a bug (jobs.lib.job.one_line_errors)
     ray.data.DataContext.get_current().raise_original_map_exception = True
+    _quiet_stage_tracebacks()
     return {"mode": mode, "resources": ray.cluster_resources()}

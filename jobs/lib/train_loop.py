@@ -112,8 +112,10 @@ def deepspeed_config(cfg, plan: Plan, precision: str) -> dict:
         "zero_optimization": {"stage": 2, "contiguous_gradients": True, "overlap_comm": False},
         "bf16": {"enabled": precision == "bf16"},
         "scheduler": {"type": "WarmupDecayLR", "params": {
-            "total_num_steps": plan.total_steps, "warmup_num_steps": plan.warmup_steps,
-            "warmup_min_lr": 0.0, "warmup_max_lr": t.lr, "warmup_type": t.warmup_type}},
+            # DeepSpeed divides by warmup_num_steps: no warmup is one step that starts at the peak
+            "total_num_steps": plan.total_steps, "warmup_num_steps": max(plan.warmup_steps, 1),
+            "warmup_min_lr": 0.0 if plan.warmup_steps else t.lr, "warmup_max_lr": t.lr,
+            "warmup_type": t.warmup_type}},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,

@@ -93,6 +93,22 @@ def test_plan_counts_updates_per_epoch():
         plan_steps(7, 2, 2, 2, 1, None, None)
 
 
+def test_no_warmup_starts_at_the_peak_rate():
+    """train.warmup_steps 0 builds a schedule DeepSpeed accepts (it divides by the warmup steps),
+    and its first update already runs at the peak learning rate."""
+    import torch
+    from deepspeed.runtime.lr_schedules import WarmupDecayLR
+
+    from jobs.lib.train_loop import deepspeed_config
+
+    cfg = TrainDrafterConfig.model_validate({"train": {"warmup_steps": 0, "lr": 3e-4}})
+    plan = plan_steps(24, 1, 2, 1, 1, None, cfg.train.warmup_steps)
+    params = deepspeed_config(cfg, plan, "fp32")["scheduler"]["params"]
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=3e-4)
+    sched = WarmupDecayLR(opt, **params)
+    assert abs(sched.get_lr()[0] - 3e-4) < 1e-12
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 def test_ray_dataset_attaches_each_rows_image(world):
