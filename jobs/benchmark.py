@@ -49,7 +49,8 @@ def _trained(interface: str) -> str:
 
 
 def _zoo() -> dict[str, MethodSection]:
-    return {"ar": MethodSection(kind="ar"), "pld": MethodSection(kind="pld"), "sam": MethodSection(kind="sam"),
+    return {"ar": MethodSection(kind="ar"), "hf": MethodSection(kind="hf"),
+            "pld": MethodSection(kind="pld"), "sam": MethodSection(kind="sam"),
             "lookahead": MethodSection(kind="lookahead"), "recycling": MethodSection(kind="recycling"),
             "medusa": MethodSection(kind="medusa", drafter=_trained("medusa")),
             "eagle2": MethodSection(drafter=CONTROL), "prefix": MethodSection(drafter=_trained("prefix")),
@@ -62,7 +63,7 @@ class BenchmarkConfig(JobConfig):
     data: DataSection = DataSection(limit_per_source=100)
     target: TargetSection = TargetSection()
     methods: dict[str, MethodSection] = Field(default_factory=_zoo)
-    compare: list[str] = Field(["ar", "pld", "sam", "lookahead", "recycling", "medusa", "eagle2", "prefix",
+    compare: list[str] = Field(["ar", "hf", "pld", "sam", "lookahead", "recycling", "medusa", "eagle2", "prefix",
                                 "compressed", "fovea", "fovea_viskip", "sam_viskip"],
                                min_length=2, description="the first is the baseline (AR)")
     temperatures: list[float] = Field([0.0, 0.6], min_length=1, description="0 = greedy")
@@ -121,6 +122,8 @@ def main(cfg: BenchmarkConfig) -> dict:
               "visual": br.visual_split(metrics, cfg.compare, cfg.visual_threshold),
               "bootstrap": br.bootstrap_speedups(metrics, cfg.compare, baseline, seed=cfg.seed),
               "mismatches": sum(g["figures"].get(f"{m}_mismatches") or 0 for m in cfg.compare[1:]),
+              "vs_hf": {m: g["figures"].get(f"{m}_speedup_batch1_vs_hf") for m in cfg.compare
+                        if g["figures"].get(f"{m}_speedup_batch1_vs_hf") is not None},
               "generate_run": gdir, "plots": []}
         tag = f"t{t:g}"
         for fname, png in ((f"speedup_{tag}.png", br.speedup_png(tasks, cfg.compare, baseline, f"speedup per subtask, {name}")),

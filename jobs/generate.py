@@ -57,9 +57,10 @@ class TreeSection(Strict):
     budget: int = Field(40, ge=1, description="draft nodes verified per step")
     step_tokens: int = Field(0, ge=0, description="> 0: at most this many tokens verified per step over "
                              "the batch; trees shrink as more samples share a step (TreeConfig.for_batch)")
-    policy: Literal["goodput", "fixed"] = Field("goodput", description="goodput: per step, the node count (up "
-                                                "to budget) that maximises expected tokens per second on this "
-                                                "hardware, AR where speculation cannot pay; fixed: budget every step")
+    policy: Literal["fixed", "goodput"] = Field("fixed", description="fixed: the budget every step; goodput: per "
+                                                "step, the draft depth and node count (up to depth and budget) that "
+                                                "maximise expected tokens per second on this hardware, AR where "
+                                                "speculation cannot pay (spec_core.decoding.goodput)")
 
 
 # methods with a trained drafter: kind -> the saved directory's format tag

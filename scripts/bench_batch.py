@@ -1,12 +1,22 @@
-"""The engine's autoregressive decoding against HF `generate`, same target, same prompts, one process.
+"""Batch throughput, measured: the engine's AR against HF `generate`, then speculation against
+AR at each batch size under fixed trees and the goodput policy. Same target, prompts, process.
 
     python scripts/bench_batch.py --target runs/reference/small/target --batch 1 --batch 8 --reps 7
+    python scripts/bench_batch.py --target runs/reference/small/target --grid \
+        --method fovea=runs/demo/train_drafter/reference-small/drafter --method recycling \
+        --batch 1 --batch 2 --batch 4 --batch 8 --batch 16 --reps 3
 
+Part 1 (always):
 Greedy, a fixed number of new tokens (EOS off on both sides), the same dtype and torch threads.
 HF decodes each batch as one left-padded `generate` call (spec_core.decoding.hf_engine); the
 engine runs the same prompts as a request stream on `batch` slots. Sides are interleaved per repetition and the minimum of each is
 compared (a shared machine is noisy). Also prints the engine's time per phase and its overhead:
 step time not spent inside the target's forward. Outputs are checked token-identical.
+Part 2 (--grid): evaluation prompts of the six tasks with real answers (EOS on); per batch size,
+generated tokens/s of every method under the paper's tree (6x6x40), a CPU tree (3x4x8, at most
+32 tokens per step) and the goodput policy (budget 40), against AR at that batch size, all
+interleaved per repetition (medians of the ratios and min-time ratios printed), with the mean
+nodes per slot per step the policy chose. Outputs are checked identical to AR.
 """
 
 from __future__ import annotations
@@ -23,14 +33,16 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from transformers import AutoProcessor  # noqa: E402
 
-from spec_core.decoding import DecodeEngine, Request  # noqa: E402
+from spec_core.decoding import DecodeEngine, Request, TreeConfig  # noqa: E402
 from spec_core.decoding.hf_engine import HFEngine  # noqa: E402
 from spec_core.reference.tasks import TASKS, make_split  # noqa: E402
 from spec_core.targets import load_target  # noqa: E402
 
 
 def prompts(n: int) -> list[tuple[str, Image.Image]]:
-    samples = [s for t in TASKS for s in make_split(t, -(-n // len(TASKS)), 0, "eval")][:n]
+    """n evaluation prompts, the six tasks in turn."""
+    per = [make_split(t, -(-n // len(TASKS)), 0, "eval") for t in TASKS]
+    samples = [s for group in zip(*per) for s in group][:n]
     return [(s["conversation"][:1], Image.open(io.BytesIO(s["image_png"])).convert("RGB")) for s in samples]
 
 
@@ -79,6 +91,11 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--grid", action="store_true", help="part 2: speculation vs AR per batch size and tree policy")
+    ap.add_argument("--method", action="append", default=[],
+                    help="name=drafter_dir (a trained drafter) or a training-free kind (pld, sam, lookahead, recycling)")
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--grid-max-new", type=int, default=96)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     adapter = load_target(args.target)
@@ -104,6 +121,64 @@ def main() -> None:
               f"engine/HF time {eng / hf:.3f} (min of {args.reps}); outputs identical: {outs['hf'] == outs['engine']}")
         print("  engine phases (s): " + ", ".join(f"{k} {v:.3f}" for k, v in ph.items())
               + f"; overhead (step time outside target forwards) {1 - ph['forward'] / dt:.1%}")
+
+
+    if args.grid:
+        grid(adapter, processor, args)
+
+
+TREES = {"paper 6x6x40": TreeConfig(6, 6, 40), "cpu 3x4x8/32": TreeConfig(3, 4, 8, step_tokens=32),
+         "goodput (40)": TreeConfig(6, 6, 40, policy="goodput")}
+
+
+def grid(adapter, processor, args) -> None:
+    """Speculation against AR per batch size (see the module docstring)."""
+    import statistics
+
+    from spec_core.decoding import load_drafter
+    from spec_core.decoding.proposers import DEFAULT_BUDGET, proposer_factory
+
+    eos = adapter.model.generation_config.eos_token_id
+    reqs = requests(processor, prompts(args.prompts), args.grid_max_new)
+    vocab = adapter.lm_head.weight.shape[0]
+    methods = {}
+    for spec in args.method:
+        name, _, path = spec.partition("=")
+        if path:
+            methods[name] = dict(drafter=load_drafter(path, adapter).eval())
+        else:  # training-free: its own budget for the fixed trees
+            methods[name] = dict(proposer=proposer_factory(name, vocab), budget=DEFAULT_BUDGET[name])
+    cap = max(r.inputs["input_ids"].shape[1] for r in reqs) + args.grid_max_new + 128
+    for b in args.batch or [1, 2, 4, 8, 16]:
+        engines = {("ar", ""): DecodeEngine(adapter, None, batch_size=b, capacity=cap, eos_token_ids=eos)}
+        for name, m in methods.items():
+            for tname, tree in TREES.items():
+                if "budget" in m and tname != "cpu 3x4x8/32":  # a proposer's own draft size
+                    tree = TreeConfig(tree.width, tree.depth, m["budget"], tree.step_tokens, tree.policy)
+                engines[(name, tname)] = DecodeEngine(adapter, m.get("drafter"), batch_size=b, capacity=cap, tree=tree,
+                                                      eos_token_ids=eos, proposer=m.get("proposer"))
+        for e in engines.values():  # warm-up (and the goodput policy's first calibration)
+            list(e.generate(reqs[: max(b, 2)]))
+        times: dict[tuple, list[float]] = {k: [] for k in engines}
+        ref = None
+        for _ in range(args.reps):
+            for key, e in engines.items():
+                out, dt, _ = decode(e, adapter, reqs)
+                times[key].append(dt)
+                if key[0] == "ar":
+                    ref = out
+                elif out != ref:
+                    raise SystemExit(f"batch {b}: {key} differs from AR: not lossless")
+        ar = times[("ar", "")]
+        print(f"\nbatch {b}: AR {sum(len(r) for r in ref) / min(ar):.1f} tokens/s")
+        for key, t in times.items():
+            if key[0] == "ar":
+                continue
+            ratios = [a / x for a, x in zip(ar, t)]  # per repetition, interleaved
+            pol = engines[key].policy
+            nodes = f", {sum(pol.chosen) / max(len(pol.chosen), 1):.1f} nodes/step" if pol is not None else ""
+            print(f"  {key[0]:10s} {key[1]:14s} throughput vs AR: median {statistics.median(ratios):.2f}x "
+                  f"(min-time {min(ar) / min(t):.2f}x){nodes}")
 
 
 if __name__ == "__main__":

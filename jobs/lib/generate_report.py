@@ -14,7 +14,7 @@ import threading
 from collections import defaultdict
 
 ALL = "all"
-POLICY_COUNTS = ("steps", "nodes", "predicted_accepted", "observed_accepted")  # goodput stats that add up
+POLICY_COUNTS = ("steps", "nodes", "depth", "predicted_accepted", "observed_accepted")  # goodput stats that add up
 _PLOT_LOCK = threading.Lock()  # matplotlib (its text parser) is not thread-safe: jobs may run in threads
 
 
@@ -186,11 +186,12 @@ def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list
     if chosen:
         lines += ["", "## Goodput policy (nodes verified per slot per step, the cost fit of a verification "
                   "forward, acceptance predicted vs observed)", "",
-                  "| method | batch | steps | nodes per slot per step | verify ms = a + b x tokens | draft ms per depth "
-                  "| accepted drafts predicted / observed |", "|---|---|---|---|---|---|---|"]
+                  "| method | batch | steps | nodes per slot per step | draft depth per step | verify ms = a + b x tokens "
+                  "| draft ms per depth | accepted drafts predicted / observed |", "|---|---|---|---|---|---|---|---|"]
         for m, b, p in chosen:
             calib = p["predicted_accepted"] / p["observed_accepted"] if p.get("observed_accepted") else None
             lines.append(f"| {m} | {b} | {p['steps']} | {p['nodes'] / max(p['steps'], 1):.2f} | "
+                         f"{p.get('depth', 0) / max(p['steps'], 1):.2f} | "
                          f"{p['verify_ms_intercept']:.2f} + {p['verify_ms_per_token']:.3f} x T | "
                          f"{p['draft_ms_per_depth']:.2f} | {_f(calib)} |")
     if memory:

@@ -55,7 +55,7 @@ REJECTS_SCHEMA = pa.schema([
     ("stage", pa.string()), ("reason", pa.string()),
 ])
 KINDS = {"responses": RESPONSES_SCHEMA, "metrics": METRICS_SCHEMA, "rejects": REJECTS_SCHEMA}
-ADDITIVE = ("steps", "nodes", "predicted_accepted", "observed_accepted")  # goodput stats summed over shards
+ADDITIVE = ("steps", "nodes", "depth", "predicted_accepted", "observed_accepted")  # goodput stats summed over shards
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class MethodPlan:
     params: dict | None = None            # its parameters (None: MMSpec's defaults)
     viskip: float | None = None           # ViSkip threshold (None: off)
     hf: bool = False                      # HF `generate` itself (static padded batches), the users' baseline
-    policy: str = "goodput"               # tree size per step: goodput | fixed (spec_core.decoding.goodput)
+    policy: str = "fixed"                 # tree size per step: fixed | goodput (spec_core.decoding.goodput)
 
 
 def _seed(base: int, sample_id: str, turn: int) -> int:

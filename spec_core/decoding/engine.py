@@ -34,6 +34,7 @@ Shapes: B slots, M = N + 1 tree nodes with the root, D hidden, V vocabulary, K k
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from spec_core.decoding.cache import RaggedCache, dynamic_cache_kv
 from spec_core.decoding.draft import draft_tree
 from spec_core.decoding.goodput import GoodputPolicy
 from spec_core.decoding.medusa_draft import medusa_tree
+from spec_core.decoding.padding import pad_batch, pad_id_for
 from spec_core.decoding.proposers.paths import Proposer, propose_batch
 from spec_core.decoding.sampling import SamplingConfig, choose_tokens
 from spec_core.decoding.tree import DraftTree, TreeConfig, drop_rows, empty_tree, prefix_and_new_mask, walk
@@ -76,6 +78,15 @@ class Result:
     @property
     def steps(self) -> int:
         return len(self.accept_lengths)
+
+
+@dataclass
+class _PrefillRow:
+    """One prompt's part of a (possibly batched, left-padded) prefill, padding removed."""
+    final_hidden_BTD: torch.Tensor
+    position_ids: torch.Tensor
+    visual_BPD: torch.Tensor
+    visual_valid_BP: torch.Tensor
 
 
 @dataclass
@@ -117,7 +128,7 @@ class DecodeEngine:
         self.correction_depth = correction_depth    # None: the drafter's trained correction_depth
         self.tree_cfg = tree or TreeConfig()
         speculative = drafter is not None or proposer is not None
-        self.policy = (GoodputPolicy(self.tree_cfg.budget)
+        self.policy = (GoodputPolicy(self.tree_cfg.budget, self.tree_cfg.depth)
                        if speculative and self.tree_cfg.policy == "goodput" else None)
         self.sampling = sampling or SamplingConfig()
         self.eos = set(int(e) for e in eos_token_ids)
@@ -133,6 +144,7 @@ class DecodeEngine:
                          if feature_drafter and drafter.compressor is not None else None)
         self.len_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.len_host = [0] * batch_size  # len_B on the host: no device read to size a step
+        self.root_host = [0] * batch_size  # the root token of an admission (its first new token)
         self.tpos_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.root_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.seed_B = torch.zeros(batch_size, dtype=torch.long, device=dev)  # sampling: each slot's draw key
@@ -178,33 +190,64 @@ class DecodeEngine:
 
     # --- admission ----------------------------------------------------------------------------
     @torch.no_grad()
-    def _admit(self, b: int, request: Request) -> Result | None:
+    def _admit(self, pairs: list[tuple[int, Request]]) -> list[Result]:
+        """Prefill requests into free slots: one forward for all of them (left-padded like HF's
+        batched generate) unless the visual-share probe needs each prompt's attention alone.
+        Returns the requests already done (max_new_tokens 1 or an immediate EOS)."""
+        for _, request in pairs:
+            T = int(torch.as_tensor(request.inputs["input_ids"]).shape[-1])
+            if T + request.max_new_tokens + self.scratch() > self.capacity:
+                raise ValueError(f"prompt of {T} tokens + {request.max_new_tokens} new does not fit the "
+                                 f"cache capacity {self.capacity}")
+        if self.probe is not None and len(pairs) > 1:
+            return [r for pair in pairs for r in self._admit([pair])]
         t0 = time.perf_counter()
         if self.probe is not None:
             self.probe.armed = True
-        out = self.adapter.prefill(request.inputs, cache=(cache := DynamicCache()))
-        ids_1T = torch.as_tensor(request.inputs["input_ids"]).to(self.device, torch.long)
-        T = ids_1T.shape[1]
+        inputs = (pairs[0][1].inputs if len(pairs) == 1 else
+                  pad_batch([dict(r.inputs) for _, r in pairs], pad_id_for(self.adapter)))
+        out = self.adapter.prefill(inputs, cache=(cache := DynamicCache()))
         if self.probe is not None:
             self.probe.armed = False
+        ids_RT = torch.as_tensor(inputs["input_ids"]).to(self.device, torch.long)
+        T_R = [int(torch.as_tensor(r.inputs["input_ids"]).shape[-1]) for _, r in pairs]
+        if self.sampling.do_sample:  # draws keyed by (seed, position): independent of trees and batches
+            for b, request in pairs:
+                self.seed_B[b] = request.seed if request.seed is not None else int(
+                    torch.randint(2**31 - 1, (1,), generator=self.gen, device=self.gen.device if self.gen else "cpu"))
+        slots_R = torch.tensor([b for b, _ in pairs], device=self.device)
+        keys = (self.seed_B[slots_R], torch.tensor(T_R, device=self.device)) if self.sampling.do_sample else None
+        first_R = choose_tokens(self.adapter.lm_head(out.final_hidden_BTD[:, -1]), self.sampling, keys=keys).tolist()
+        kv = dynamic_cache_kv(cache)
+        self.mrope = out.position_ids.dim() == 3
+        W = ids_RT.shape[1]
+        for r, (b, request) in enumerate(pairs):
+            pad = W - T_R[r]  # left padding of this row
+            self.tcache.load(b, [(k[r: r + 1, :, pad:], v[r: r + 1, :, pad:]) for k, v in kv])
+            P = int(out.visual_valid_BP[r].sum())  # this prompt's visual tokens (the first P)
+            row = _PrefillRow(out.final_hidden_BTD[r: r + 1, pad:], out.position_ids[..., r: r + 1, pad:],
+                              out.visual_BPD[r: r + 1, :P], out.visual_valid_BP[r: r + 1, :P])
+            self._start_slot(b, ids_RT[r: r + 1, pad:], int(first_R[r]), row)
+        self._sync()
+        dt = time.perf_counter() - t0  # every request of the forward waited for all of it
+        self.phase_s["prefill"] += dt
+        done = []
+        for b, request in pairs:
+            slot = self.slots[b] = _Slot(request, [self.root_host[b]], [], dt, time.perf_counter())
+            if self._done(slot):
+                done.append(self._finish(b))
+        return done
+
+    def _start_slot(self, b: int, ids_1T: torch.Tensor, y: int, out: "_PrefillRow") -> None:
+        """A prefilled prompt's slot state: lengths, positions, root token y, drafter or proposer."""
+        T = ids_1T.shape[1]
+        if self.probe is not None:
             self.image_BC[b] = False
             self.image_BC[b, :T] = ids_1T[0] == self.adapter.image_token_id
             self.vis_B[b] = visual_share(self.probe.attn_BSK[:, -1:], self.image_BC[b:b + 1], self.visual_reduce)[0, 0]
-        if T + request.max_new_tokens + self.scratch() > self.capacity:
-            raise ValueError(f"prompt of {T} tokens + {request.max_new_tokens} new does not fit the "
-                             f"cache capacity {self.capacity}")
-        if self.sampling.do_sample:  # draws keyed by (seed, position): independent of trees and batches
-            seed = request.seed if request.seed is not None else int(
-                torch.randint(2**31 - 1, (1,), generator=self.gen, device=self.gen.device if self.gen else "cpu"))
-            self.seed_B[b] = seed
-        keys = (self.seed_B[b: b + 1], torch.tensor([T], device=self.device)) if self.sampling.do_sample else None
-        first = choose_tokens(self.adapter.lm_head(out.final_hidden_BTD[:, -1]), self.sampling, keys=keys)
-        y = int(first[0])
-        self.tcache.load(b, dynamic_cache_kv(cache))
-        self.mrope = out.position_ids.dim() == 3
         last_pos = out.position_ids.amax(-1).reshape(-1).amax()
         self.len_B[b], self.tpos_B[b], self.root_B[b] = T, last_pos + 1, y
-        self.len_host[b] = T
+        self.len_host[b], self.root_host[b] = T, y
         if self.medusa:
             self.root_h_BD[b] = out.final_hidden_BTD[0, -1]
         elif self.drafter is not None:
@@ -213,11 +256,6 @@ class DecodeEngine:
             prop = self.proposers[b] = self.new_proposer()
             prop.reset(ids_1T[0].tolist())
             prop.extend([y])
-        self._sync()
-        slot = _Slot(request, [y], [], time.perf_counter() - t0, time.perf_counter())
-        self.phase_s["prefill"] += slot.prefill_s
-        self.slots[b] = slot
-        return self._finish(b) if self._done(slot) else None
 
     def _drafter_prefill(self, b: int, ids_1T: torch.Tensor, y: int, out) -> None:
         d = self.drafter
@@ -322,10 +360,11 @@ class DecodeEngine:
         """One draft-verify-commit round over all slots; returns the samples that finished."""
         active = [s is not None for s in self.slots]
         t0 = lap = time.perf_counter()
-        skips = self._visual_skips(active)
-        if self.policy is not None and not self.policy.should_draft():
-            skips = [True] * self.B  # the policy pauses speculation: an AR step
-        tree = self._draft(active, skips)
+        skips, depth = self._visual_skips(active), None
+        if self.policy is not None:  # goodput: this step's draft depth, 0 = an AR step
+            depth = self.policy.plan(sum(active), self.B)
+            skips = skips if depth else [True] * self.B
+        tree = self._draft(active, skips, depth)
         active_B = torch.tensor(active)
         if self.policy is not None and tree.size:
             tree = self.policy.choose(tree, active_B, self.B)
@@ -362,8 +401,7 @@ class DecodeEngine:
         t_verified = self._lap("verify", lap)
         verify_s, lap = t_verified - lap, t_verified
         if self.policy is not None:
-            self.policy.observe(tree, self.B, verify_s, draft_s, int(tree.depth_BN.max()) if tree.size else 0,
-                                path_BD, n_B, active_B)
+            self.policy.observe(tree, self.B, verify_s, draft_s, depth if tree.size else 0, path_BD, n_B, active_B)
         finished = self._commit(active, rows, hidden_BMD)
         self._lap("commit", lap)
         return [self._finish(b) for b in finished]
@@ -380,11 +418,14 @@ class DecodeEngine:
                     skip[b] = self.viskip is not None and shares[b] >= self.viskip
         return skip
 
-    def _draft(self, active: list[bool], skip: list[bool]) -> DraftTree:
-        """This step's trees: from the drafter or the proposers, none for skipped slots (or AR)."""
+    def _draft(self, active: list[bool], skip: list[bool], depth: int | None = None) -> DraftTree:
+        """This step's trees: from the drafter or the proposers, none for skipped slots (or AR);
+        `depth` caps the draft depth (the goodput policy's plan)."""
         drafting = [a and not k for a, k in zip(active, skip)]
         if self.drafter is not None and any(drafting):
             cfg = self.tree_cfg.for_batch(sum(active))
+            if depth is not None and depth < cfg.depth:
+                cfg = dataclasses.replace(cfg, depth=depth)
             tree = medusa_tree(self.drafter, self.root_h_BD, cfg) if self.medusa else draft_tree(
                 self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, cfg, self.correction_depth,
                 self.dkeep_BC)
@@ -458,17 +499,19 @@ class DecodeEngine:
         queue = iter(requests)
         exhausted = False
 
-        def refill():
+        def refill():  # every free slot takes the next request, all prefilled in one forward
             nonlocal exhausted
-            for b in range(self.B):
-                while self.slots[b] is None and not exhausted:
-                    req = next(queue, None)
-                    if req is None:
-                        exhausted = True
-                        break
-                    done = self._admit(b, req)
-                    if done is not None:
-                        yield done
+            while not exhausted and None in self.slots:
+                pairs = []
+                for b in range(self.B):
+                    if self.slots[b] is None and not exhausted:
+                        req = next(queue, None)
+                        if req is None:
+                            exhausted = True
+                        else:
+                            pairs.append((b, req))
+                if pairs:
+                    yield from self._admit(pairs)  # those already done free their slots again
 
         yield from refill()
         while any(s is not None for s in self.slots):

@@ -132,59 +132,107 @@ def choose_nodes(p_BN: torch.Tensor, active_B: torch.Tensor, rows: int, cost: Co
 
 
 class GoodputPolicy:
-    """Per engine: the cost and acceptance models and the choice each step makes with them.
+    """Per engine: the cost and acceptance models and the two choices each step makes with them.
 
-    The first steps explore node counts (the full budget, none, a half, a quarter) so that the
-    cost fit sees several token counts at this batch size and context (its calibration on the
-    running hardware); every `reexplore` steps one more such step keeps the slope current. After
-    `patience` drafted steps in a row that chose no node at all, drafting pauses for a number of
-    steps that doubles up to `max_pause` (each of them a plain AR step, still timed), then it is
-    tried again: where speculation cannot pay, the engine decodes as AR does."""
+    Before drafting, `plan` picks the draft depth d (0: no draft, a plain AR step) and after it
+    `choose` the node count N, both maximising expected committed tokens per second:
+        (n_active (1 + V_d(N))) / (d x draft seconds per depth + t_verify(rows (1 + N)))
+    where V_d(N) is the expected accepted drafts per slot of the best N nodes of a depth-d tree,
+    learnt from the calibrated acceptance of the nodes of recent trees (a depth-d tree holds the
+    candidates of depth <= d of a deeper one: drafting expands depth by depth). After drafting the
+    depth's cost is spent, so `choose` weighs only verification.
 
-    def __init__(self, budget: int, reexplore: int = 64, patience: int = 3, max_pause: int = 32):
+    The first steps explore (the full tree, none, half and a quarter of the budget) so that the
+    cost fit sees several token counts at this batch size and context - its calibration on the
+    running hardware; every `reexplore` steps one such step, drafted at full depth, keeps the fit
+    and the value curves current. Where no draft pays (plan says 0), a full-depth probe still runs
+    after a pause that doubles up to `max_pause` steps."""
+
+    def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 32, alpha: float = 0.1):
         self.cost, self.acceptance = CostModel(), AcceptanceModel()
+        self.budget, self.depth, self.alpha = budget, depth, alpha
         self.explore = [budget, 0, max(1, budget // 2), max(1, budget // 4)]
-        self.reexplore, self.patience, self.max_pause = reexplore, patience, max_pause
-        self.steps, self.zero_streak, self.pause, self.pause_left = 0, 0, 1, 0
-        self.chosen: list[int] = []            # node count per drafted step
-        self.active_per_step: list[int] = []
+        self.reexplore, self.max_pause = reexplore, max_pause
+        self.value: list[list[float] | None] = [None] * (depth + 1)  # V_d(N), N = 0..budget (EMA)
+        self.steps, self.pause, self.idle = 0, 1, 0
+        self.chosen: list[int] = []            # node count per step (0: AR)
+        self.depths: list[int] = []            # draft depth per step (0: none)
         self.predicted, self.accepted = 0.0, 0.0  # summed over verified real nodes (calibration)
+        self._p_BN = None
 
-    def should_draft(self) -> bool:
-        if self.pause_left > 0:
-            self.pause_left -= 1
-            return False
-        return True
+    def _exploring(self) -> int | None:
+        """This step's exploration index, or None."""
+        if self.steps < len(self.explore):
+            return self.steps
+        return self.steps // self.reexplore if self.steps % self.reexplore == 0 else None
+
+    def plan(self, n_active: int, rows: int) -> int:
+        """The draft depth for this step (0: decode one token, AR)."""
+        if self._exploring() is not None or not self.cost.ready or self.value[self.depth] is None:
+            d = self.depth
+        else:
+            d = self._best_depth(n_active, rows)
+            self.idle = self.idle + 1 if d == 0 else 0
+            if d == 0 and self.idle > self.pause:  # probe: do drafts pay again?
+                d, self.idle, self.pause = self.depth, 0, min(2 * self.pause, self.max_pause)
+            elif d > 0:
+                self.pause = 1
+        self.depths.append(d)
+        return d
+
+    def _best_depth(self, n_active: int, rows: int) -> int:
+        best, best_rate = 0, n_active / max(self.cost.verify_s(rows), 1e-12)
+        for d in range(1, self.depth + 1):
+            v = self.value[d]
+            if v is None:
+                continue
+            draft = d * self.cost.draft_per_depth
+            for n in range(1, len(v)):
+                rate = n_active * (1 + v[n]) / (draft + self.cost.verify_s(rows * (1 + n)))
+                if rate > best_rate:
+                    best, best_rate = d, rate
+        return best
 
     def choose(self, tree, active_B: torch.Tensor, rows: int):
-        """The tree truncated to the chosen node count (see choose_nodes)."""
+        """The tree truncated to the chosen node count (choose_nodes; the draft is already paid)."""
         from spec_core.decoding.tree import truncate
 
         p_BN = self.acceptance.predict(tree.score_BN, tree.depth_BN) * tree.real_BN.cpu()
-        k = self.steps if self.steps < len(self.explore) else (
-            self.steps // self.reexplore if self.steps % self.reexplore == 0 else None)
+        self._learn_values(p_BN, tree.depth_BN.cpu(), active_B.cpu())
+        k = self._exploring()
         if k is not None or not self.cost.ready:
             n = min(self.explore[(k or 0) % len(self.explore)], tree.size)
         else:
             n, _ = choose_nodes(p_BN, active_B, rows, self.cost)
-        self.steps += 1
         self.chosen.append(n)
-        self.active_per_step.append(int(active_B.sum()))
-        self.zero_streak = self.zero_streak + 1 if n == 0 else 0
-        if self.zero_streak >= self.patience:  # speculation does not pay here now: AR for a while
-            self.pause_left, self.pause, self.zero_streak = self.pause, min(2 * self.pause, self.max_pause), 0
-        elif n > 0:
-            self.pause = 1
         self._p_BN = p_BN[:, :n]
         return truncate(tree, n)
 
+    def _learn_values(self, p_BN: torch.Tensor, depth_BN: torch.Tensor, active_B: torch.Tensor) -> None:
+        """V_d(N) for every depth this tree reached: its nodes of depth <= d in order (a prefix of
+        the same order a depth-d tree would have), mean over active slots of their cumulative p."""
+        if not bool(active_B.any()):
+            return
+        # a proposer's chain may run deeper than the tree config's depth: the deepest curve holds it
+        p, dep = p_BN[active_B], depth_BN[active_B].clamp(max=self.depth)
+        for d in range(1, int(dep.max()) + 1 if dep.numel() else 1):
+            kept = torch.where(dep <= d, p, torch.zeros_like(p))
+            kept = kept.sort(dim=1, descending=True).values  # the best N of depth <= d
+            curve = [0.0] + kept.cumsum(1).mean(0).tolist()
+            curve = (curve + [curve[-1]] * (self.budget + 1))[: self.budget + 1]
+            old = self.value[d]
+            self.value[d] = curve if old is None else [(1 - self.alpha) * o + self.alpha * c for o, c in zip(old, curve)]
+
     def observe(self, tree, rows: int, verify_s: float, draft_s: float, draft_depth: int,
                 path_BD: torch.Tensor, n_B: torch.Tensor, active_B: torch.Tensor) -> None:
-        """A verified step: its cost, and which of its real nodes the walk accepted."""
+        """A verified step: its costs, and which of its real nodes the walk accepted."""
+        self.steps += 1
+        if draft_depth == 0:
+            self.chosen.append(0)
         self.cost.observe(rows * (1 + tree.size), verify_s)
-        if tree.size == 0:
-            return
         self.cost.observe_draft(draft_depth, draft_s)
+        if tree.size == 0 or self._p_BN is None:
+            return
         accepted_BN = torch.zeros(tree.tokens_BN.shape, dtype=torch.bool)
         path, n = path_BD.cpu(), n_B.cpu()
         for b in range(path.shape[0]):
@@ -195,11 +243,12 @@ class GoodputPolicy:
         self.accepted += float(accepted_BN[real_BN].sum())
         self.acceptance.observe(None if tree.score_BN is None else tree.score_BN.cpu(), tree.depth_BN.cpu(),
                                 real_BN, accepted_BN)
+        self._p_BN = None
 
     def stats(self) -> dict:
-        """What the reports show: nodes per slot per step, the cost fit, the calibration."""
+        """What the reports show: nodes and draft depth per step, the cost fit, the calibration."""
         a, b = self.cost.coefficients()
-        return {"steps": self.steps, "nodes": sum(self.chosen),  # additive: nodes per slot summed over steps
+        return {"steps": self.steps, "nodes": sum(self.chosen), "depth": sum(self.depths),  # additive
                 "predicted_accepted": self.predicted, "observed_accepted": self.accepted,
                 "verify_ms_intercept": 1e3 * a, "verify_ms_per_token": 1e3 * b,  # the current fit
                 "draft_ms_per_depth": 1e3 * self.cost.draft_per_depth}

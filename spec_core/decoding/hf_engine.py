@@ -19,28 +19,8 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from spec_core.decoding.engine import Request, Result
+from spec_core.decoding.padding import pad_batch, pad_id_for
 from spec_core.decoding.sampling import SamplingConfig
-
-
-PER_TOKEN = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")  # (1, T) each
-
-
-def pad_batch(inputs: list[dict], pad_id: int) -> dict:
-    """Per-request processor outputs (batch 1 each) -> one left-padded batch: the per-token
-    tensors (PER_TOKEN) are left-padded (ids with pad_id, the rest with 0), everything else
-    (pixel values, image sizes, grids) is concatenated along its first dimension in request order."""
-    lengths = [int(x["input_ids"].shape[-1]) for x in inputs]
-    T = max(lengths)
-    out = {}
-    for key in inputs[0]:
-        parts = [torch.as_tensor(x[key]) for x in inputs]
-        if key in PER_TOKEN:
-            fill = pad_id if key == "input_ids" else 0
-            parts = [torch.nn.functional.pad(p, (T - n, 0), value=fill) for p, n in zip(parts, lengths)]
-        out[key] = torch.cat(parts, dim=0)
-    if "attention_mask" not in out:
-        out["attention_mask"] = torch.stack([torch.arange(T) >= T - n for n in lengths]).long()
-    return out
 
 
 class HFEngine:
@@ -52,9 +32,7 @@ class HFEngine:
         self.sampling = sampling or SamplingConfig()
         self.eos = [int(e) for e in eos_token_ids]
         self.gen = generator or torch.Generator(device=adapter.model.device)
-        cfg = adapter.model.generation_config
-        pad = cfg.pad_token_id if cfg.pad_token_id is not None else adapter.text_config.pad_token_id
-        self.pad_id = int(pad if pad is not None else (self.eos[0] if self.eos else 0))
+        self.pad_id = pad_id_for(adapter)
         self.phase_s = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "commit": 0.0}
         self._sync = torch.cuda.synchronize if adapter.model.device.type == "cuda" else (lambda: None)
 

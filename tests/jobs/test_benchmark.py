@@ -42,7 +42,8 @@ def world(tmp_path_factory):
 
 
 def _cfg(root: Path, out: Path, **extra) -> BenchmarkConfig:
-    methods = {"ar": {"kind": "ar"}, "pld": {"kind": "pld"}, "sam_viskip": {"kind": "sam", "viskip": 0.35},
+    methods = {"ar": {"kind": "ar"}, "hf": {"kind": "hf"}, "pld": {"kind": "pld"},
+               "sam_viskip": {"kind": "sam", "viskip": 0.35},
                "lookahead": {"kind": "lookahead"}, "recycling": {"kind": "recycling"},
                "medusa": {"kind": "medusa", "drafter": str(root / "medusa"), "tree": {"budget": 12}},
                "compressed": {"drafter": str(root / "compressed"), "tree": {"budget": 12}},
@@ -71,10 +72,15 @@ def test_benchmark_report_has_every_setting_method_and_subtask(world, ray_local,
     assert set(greedy["throughput"]["pld"]) == {"1", "2"}
     split = greedy["visual"]["fovea"]
     assert split["high"]["steps"] + split["low"]["steps"] > 0
-    assert "Lossless check: 0 outputs differ" in report
+    assert "Lossless check: 0 outputs differ" in report  # HF generate's own outputs included
+    assert "Overall speedup against HF `generate` on the same samples (batch 1): ar " in report
     for tag in ("t0", "t0.6"):
         for plot in ("speedup", "batch", "visual", "latency_cdf"):
             assert (run_dir / f"{plot}_{tag}.png").stat().st_size > 1000
+    from jobs.lib.run_key import RunMismatch
+
+    with pytest.raises(RunMismatch, match=r"temperatures: \[0\.0, 0\.6\] -> \[0\.0\]"):  # stops before any work
+        main(_cfg(world, tmp_path, temperatures=[0.0]))
 
 
 def test_config_mistakes_fail_first(world, tmp_path):

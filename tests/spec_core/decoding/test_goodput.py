@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from spec_core.decoding.goodput import AcceptanceModel, CostModel, choose_nodes
+from spec_core.decoding.goodput import AcceptanceModel, CostModel, GoodputPolicy, choose_nodes
 
 
 def _cost(a: float, b: float) -> CostModel:
@@ -79,3 +79,57 @@ def test_acceptance_calibrates_to_what_is_observed():
         acc.observe(None, d, real, torch.tensor([[True, True, False, False]]))
     p = acc.predict(None, d)[0].tolist()
     assert p[0] == pytest.approx(0.5, abs=0.05) and p[1] <= p[0] and p[3] <= p[2]
+
+
+def _trained_policy(a: float, b: float, per_depth: float) -> GoodputPolicy:
+    """A policy past its exploration, whose value curves come from a tree of confident nodes."""
+    from spec_core.decoding.tree import DraftTree, ancestor_mask
+
+    pol = GoodputPolicy(budget=6, depth=3)
+    pol.cost = _cost(a, b)
+    pol.cost.draft_per_depth = per_depth
+    parent = torch.tensor([[0, 1, 2, 0, 4, 3]])
+    depth = torch.tensor([[1, 2, 3, 1, 2, 4]]).clamp_max(3)
+    score = torch.log(torch.tensor([[0.95, 0.9, 0.85, 0.3, 0.2, 0.1]], dtype=torch.float64))
+    tree = DraftTree(torch.zeros(1, 6, dtype=torch.long), parent, depth, ancestor_mask(parent, 3), score)
+    for _ in range(len(pol.explore)):
+        pol.plan(1, 1)
+        pol.choose(tree, torch.tensor([True]), 1)
+        pol.steps += 1
+    return pol
+
+
+def test_plan_drafts_deep_when_drafts_are_cheap_and_not_at_all_when_they_cost_too_much():
+    assert _trained_policy(0.01, 0.0001, per_depth=0.0001).plan(1, 1) == 3
+    pol = _trained_policy(0.01, 0.0001, per_depth=1.0)  # a draft costs 100 verifications
+    assert pol.plan(1, 1) == 0
+    plans = [pol.plan(1, 1) for _ in range(12)]
+    assert plans.count(0) >= 8 and 3 in plans  # AR, with full-depth probes ever further apart
+
+
+def test_plan_is_the_brute_force_best_depth_and_shallower_as_drafting_costs_more():
+    depths = []
+    for per_depth in (0.0001, 0.002, 0.004, 0.01, 0.03, 1.0):
+        pol = _trained_policy(0.01, 0.0001, per_depth)
+        rates = {(0, 0): 1 / pol.cost.verify_s(1)}
+        for d in (1, 2, 3):
+            for n in range(1, 7):
+                rates[(d, n)] = (1 + pol.value[d][n]) / (d * per_depth + pol.cost.verify_s(1 + n))
+        best = max(rates, key=rates.get)
+        depths.append(pol.plan(1, 1))
+        assert depths[-1] == best[0], per_depth
+    assert depths == sorted(depths, reverse=True) and depths[0] == 3 and depths[-1] == 0
+
+
+def test_a_proposer_chain_deeper_than_the_tree_depth_counts_in_the_deepest_curve():
+    """Training-free proposers draft chains of their own length (PLD: 10 tokens) whatever the tree
+    config's depth: their nodes past it belong to the deepest value curve."""
+    from spec_core.decoding.tree import DraftTree, ancestor_mask
+
+    pol = GoodputPolicy(budget=10, depth=3)
+    parent = torch.arange(10)[None]  # a chain: node i's parent is node i - 1 (0: the root)
+    depth = torch.arange(1, 11)[None]
+    tree = DraftTree(torch.zeros(1, 10, dtype=torch.long), parent, depth, ancestor_mask(parent, 10), None)
+    pol.choose(tree, torch.tensor([True]), 1)
+    p = pol.acceptance.predict(None, depth)[0].tolist()
+    assert pol.value[3][10] == pytest.approx(sum(p)) and pol.value[1][10] == pytest.approx(p[0])

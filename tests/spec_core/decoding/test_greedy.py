@@ -97,8 +97,8 @@ def check_caches_against_fresh_prefills(adapter, processor, drafter, samples, po
     fresh prefill of the committed sequence. Returns the number of (step, sample) checks."""
     engine = DecodeEngine(adapter, drafter, batch_size=2, capacity=256,  # no EOS: several steps each
                           tree=TreeConfig(policy=policy))
-    for b, s in enumerate(samples):
-        assert engine._admit(b, Request(prompt_inputs(processor, s), 24, s["id"])) is None
+    # both prompts in one left-padded prefill: each row's cache must equal its own prefill's
+    assert engine._admit([(b, Request(prompt_inputs(processor, s), 24, s["id"])) for b, s in enumerate(samples)]) == []
     checked = 0
     while any(slot is not None for slot in engine.slots):
         engine.step()

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from spec_core.decoding import DecodeEngine, Request, SamplingConfig
-from spec_core.decoding.hf_engine import HFEngine, pad_batch
+from spec_core.decoding.hf_engine import HFEngine
+from spec_core.decoding.padding import pad_batch
 from tests.spec_core.decoding.conftest import prompt_inputs
 
 
