@@ -1,0 +1,57 @@
+"""scripts/bench_gpu.py on the tiny size on CPU (the figures it writes; fp32 engine AR and
+speculation token-identical to HF generate) and scripts/gpu_check.sh skipping cleanly without CUDA."""
+
+import importlib.util
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bench_gpu", Path(REPO) / "scripts" / "bench_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tiny_cpu_run_writes_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    load_script().main(["--device", "cpu", "--size", "tiny", "--batch", "1", "--batch", "2", "--max-new", "8",
+                        "--reps", "1", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert (res["dtype"], res["max_new"], res["reps"]) == ("float32", 8, 1) and res["params"] > 0
+    assert set(res["batches"]) == {"1", "2"}
+    for b, fig in res["batches"].items():
+        assert fig["requests"] == int(b) and len(fig["prompt_tokens"]) == int(b)
+        for side in ("hf", "engine_ar", "speculative"):
+            assert fig[side]["ms_per_token"] > 0 and 0 <= fig[side]["overhead_share"] < 1
+            assert len(fig[side]["seconds"]) == 1
+        for side in ("engine_ar", "speculative"):  # fp32 on CPU: greedy is token-identical to HF
+            assert fig[side]["mismatch_vs_hf"] == 0 and fig[side]["sequences_differ_vs_hf"] == 0
+        spec = fig["speculative"]
+        assert spec["mismatch_vs_engine_ar"] == 0 and spec["tokens_per_step"] >= 1
+        assert spec["goodput_nodes_per_step"] >= 0 and spec["time_vs_engine_ar"] > 0
+
+
+def test_mismatch_rate_is_position_wise():
+    rate = load_script().mismatch_rate
+    assert rate([[1, 2, 3, 4]], [[1, 2, 3, 4]]) == 0
+    assert rate([[1, 2, 3, 4], [5, 6]], [[1, 9, 3, 4], [5, 6]]) == 1 / 6
+    assert rate([[1, 2]], [[1]]) == 1 / 2  # a missing token is a mismatch
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
+def test_gpu_check_skips_cleanly_without_cuda(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path)}
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "skipped: no CUDA" in proc.stdout and "every GPU test and the benchmark skipped" in proc.stdout
+    assert " skipped" in proc.stdout and " failed" not in proc.stdout and " passed" not in proc.stdout
+    assert json.loads((tmp_path / "gpu_bench.json").read_text()) == {"skipped": "no CUDA"}
