@@ -7,7 +7,8 @@ Ray actor pool.
 prompt manifest (JSONL or Parquet: id, prompt, kind image | video; optional background and colour
 for a prompt-following score) -> shards -> actor pool (one generator per actor; num_gpus and
 num_cpus per actor from the config) -> every prompt with every method (ar, sjd, scd_mc, scd_gs) at
-every window L and seed -> <run>/media/<method>_L<L>/<id>_s<seed>.png|gif and one record per item
+every window L (an integer, or auto: L chosen per iteration for tokens per second, up to
+windows.auto_max) and seed -> <run>/media/<method>_L<L>/<id>_s<seed>.png|gif and one record per item
 under <run>/items/ (a rerun skips the items already there), rejects with their reasons under
 <run>/rejects/. At the end: items.parquet, rejects.parquet, metrics.json, report.md (NFE and
 latency acceleration against AR, SJD / SCD, peak memory, quality against AR's own seed-to-seed
@@ -62,15 +63,24 @@ class SamplingSection(Strict):
     cfg_scale: float | None = Field(None, gt=0)
 
 
+class AutoMaxSection(Strict):
+    image: int = Field(64, ge=2, description="the largest L window auto may choose for images")
+    video: int = Field(128, ge=2, description="... for videos")
+
+
 class WindowsSection(Strict):
-    image: list[int] = Field([16, 32, 64], min_length=1)
-    video: list[int] = Field([32, 64, 128], min_length=1)
+    """Jacobi windows per kind: integers >= 2, and auto (scd.window: L per iteration in
+    [1, auto_max] maximising expected committed tokens per second on the running hardware)."""
+
+    image: list[int | Literal["auto"]] = Field([16, 32, 64, "auto"], min_length=1)
+    video: list[int | Literal["auto"]] = Field([32, 64, 128, "auto"], min_length=1)
+    auto_max: AutoMaxSection = AutoMaxSection()
 
     @model_validator(mode="after")
     def _sizes(self):
         for kind, ws in (("image", self.image), ("video", self.video)):
-            if any(w < 2 for w in ws) or len(set(ws)) != len(ws):
-                raise ValueError(f"windows.{kind} must be distinct integers >= 2 (window 1 is AR)")
+            if any(w != "auto" and w < 2 for w in ws) or len(set(ws)) != len(ws):
+                raise ValueError(f"windows.{kind} must be distinct integers >= 2 (window 1 is AR) or auto")
         return self
 
 
@@ -148,7 +158,7 @@ def main(cfg: GenerateImagesConfig) -> dict:
               for i, s in enumerate(range(0, len(rows), cfg.data.shard_size))]
     plan = ImagePlan(tuple(cfg.methods), {"image": tuple(cfg.windows.image), "video": tuple(cfg.windows.video)},
                      tuple(cfg.seeds), tuple(cfg.ar_extra_seeds), cfg.sampling.model_dump(), cfg.alpha,
-                     cfg.compute.batch_size)
+                     cfg.compute.batch_size, cfg.windows.auto_max.model_dump())
     rec.figure("ray", init_ray(cfg.ray)["mode"])
     local = str(Path(cfg.generator.path).resolve()) if scheme_of(cfg.generator.path) == "file" else cfg.generator.path
     with rec.stage("generate") as st:
@@ -183,7 +193,8 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str) -> dict:
     from jobs.lib.metrics import actor_device
 
     items, rejects = _read_all(store, join(run_dir, "items")), _read_all(store, join(run_dir, "rejects"))
-    for name, table in (("items", items), ("rejects", rejects)):
+    # window: 16, 32, ... or "auto" in a record; a string column in items.parquet
+    for name, table in (("items", [{**r, "window": str(r["window"])} for r in items]), ("rejects", rejects)):
         buf = io.BytesIO()
         pq.write_table(pa.Table.from_pylist(table) if table else pa.table({}), buf)
         store.write_bytes(join(run_dir, f"{name}.parquet"), buf.getvalue())
@@ -217,6 +228,9 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str) -> dict:
             rec.figure(f"{kind}_{m}_nfe_accel", {str(r["window"]): round(r["nfe_accel"], 2) for r in mine})
             rec.figure(f"{kind}_{m}_latency_accel",
                        {str(r["window"]): round(r["latency_accel"], 2) if r["latency_accel"] else None for r in mine})
+            auto = [r for r in mine if r["window"] == "auto"]
+            if auto:  # the L window auto settled on (mean over iterations)
+                rec.figure(f"{kind}_{m}_auto_mean_window", round(auto[0]["mean_window"], 1))
     rec.detail("acceleration", tables)
     rec.detail("quality", quality)
     rec.detail("ar", ar_stats)
@@ -243,7 +257,8 @@ def _grid_rows(store: Storage, run_dir: str, items: list[dict], kind: str, Image
         recs = [r for r in mine if r["method"] == m]
         if not recs:
             continue
-        w = max(r["window"] for r in recs)
+        fixed = [r["window"] for r in recs if r["window"] != "auto"]
+        w = max(fixed) if fixed else "auto"
         by_id = {r["id"]: r for r in recs if r["window"] == w}
         if not all(i in by_id for i in ids):
             continue
@@ -268,6 +283,8 @@ if __name__ == "__main__":
     f = m["figures"]
     for k, v in f.items():
         if k.endswith("_nfe_accel"):
+            auto = f.get(k[:-10] + "_auto_mean_window")
             print(f"generate_images: {k[:-10]}: NFE / latency acceleration per window "
-                  f"{ {w: (x, f[k[:-10] + '_latency_accel'][w]) for w, x in v.items()} }")
+                  f"{ {w: (x, f[k[:-10] + '_latency_accel'][w]) for w, x in v.items()} }"
+                  + (f" (auto: mean L {auto})" if auto is not None else ""))
     print(f"generate_images: {m['counts'].get('items', 0)} items, {m['counts'].get('rejects', 0)} rejects -> {f['run_dir']}")

@@ -4,7 +4,8 @@ floor; plots (NFE vs window, acceptance curves) and a grid of samples.
 
 Inputs are the item records (jobs.lib.image_worker). Every ratio compares the same (prompt, seed)
 pairs: acceleration = mean NFE of AR / mean NFE of the method, and summed AR latency / summed
-method latency (the sampling loop, prefill included).
+method latency (the sampling loop, prefill included). Window "auto" (L chosen per iteration) is a
+row of its own after the fixed windows, with the mean L it chose; plots put it at that mean L.
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ _ORDER = {"ar": 0, "sjd": 1, "scd_mc": 2, "scd_gs": 3}
 _GRID_LOCK = threading.Lock()
 
 
-def _by(items: list[dict], kind: str) -> dict[tuple[str, int], dict[tuple[str, int], dict]]:
+def _wkey(window: int | str) -> tuple[int, int]:
+    """Sort key of a window: the integers in order, then auto."""
+    return (1, 0) if window == "auto" else (0, int(window))
+
+
+def _window_label(r: dict) -> str:
+    return f"auto (mean {r['mean_window']:.1f})" if r["window"] == "auto" else str(r["window"])
+
+
+def _by(items: list[dict], kind: str) -> dict[tuple[str, int | str], dict[tuple[str, int], dict]]:
     """(method, window) -> (id, seed) -> record, for one kind."""
     out: dict = defaultdict(dict)
     for r in items:
@@ -38,7 +48,7 @@ def accel_table(items: list[dict], kind: str) -> list[dict]:
     by = _by(items, kind)
     ar = by.get(("ar", 1), {})
     rows = []
-    for (m, w), recs in sorted(by.items(), key=lambda kv: (kv[0][1], _ORDER.get(kv[0][0], 9))):
+    for (m, w), recs in sorted(by.items(), key=lambda kv: (_wkey(kv[0][1]), _ORDER.get(kv[0][0], 9))):
         keys = [k for k in recs if k in ar]
         if not keys:
             continue
@@ -53,6 +63,7 @@ def accel_table(items: list[dict], kind: str) -> list[dict]:
             "latency_accel": ar_lat / lat if lat > 0 else None, "e2e_accel": ar_e2e / e2e if e2e > 0 else None,
             "sjd_over": (sum(sjd[k]["nfe"] for k in both) / sum(recs[k]["nfe"] for k in both)) if both else None,
             "tokens_per_iter": sum(recs[k]["mean_committed"] for k in keys) / len(keys),
+            "mean_window": sum(recs[k].get("mean_window", w if w != "auto" else 0.0) for k in keys) / len(keys),
             "entropy": sum(recs[k]["entropy"] for k in keys) / len(keys),
             "peak_mib": max(recs[k]["peak_bytes"] for k in keys) / 2**20,
             "ar_peak_mib": max(ar[k]["peak_bytes"] for k in keys) / 2**20,
@@ -65,7 +76,8 @@ def acceptance_curves(items: list[dict], kind: str, bins: int = 16) -> dict[str,
     iteration starts (the prefill excluded). Binning by position, not by iteration index, keeps
     every sample in every bin (late iterations exist only for slow samples)."""
     out = {}
-    for (m, w), recs in sorted(_by(items, kind).items(), key=lambda kv: (_ORDER.get(kv[0][0], 9), kv[0][1])):
+    by = _by(items, kind)
+    for (m, w), recs in sorted(by.items(), key=lambda kv: (_ORDER.get(kv[0][0], 9), _wkey(kv[0][1]))):
         if m == "ar":
             continue
         sums, counts = [0.0] * bins, [0] * bins
@@ -97,7 +109,7 @@ def quality_table(items: list[dict], kind: str) -> dict:
     if len(seeds) > 1 and len(ref) > 1:
         other = [r for k, r in ar.items() if k[1] == seeds[1]]
         out["ar_vs_ar"] = frechet_distance(feats(list(ref.values())), feats(other)) if len(other) > 1 else None
-    for (m, w), recs in sorted(by.items(), key=lambda kv: (kv[0][1], _ORDER.get(kv[0][0], 9))):
+    for (m, w), recs in sorted(by.items(), key=lambda kv: (_wkey(kv[0][1]), _ORDER.get(kv[0][0], 9))):
         same = [r for k, r in recs.items() if k[1] == s0]
         if len(same) < 2:
             continue
@@ -110,7 +122,8 @@ def quality_table(items: list[dict], kind: str) -> dict:
 
 
 def nfe_plot_png(tables: dict[str, list[dict]], ar_nfe: dict[str, float]) -> bytes:
-    """Mean NFE against window per method, one panel per kind (AR dashed)."""
+    """Mean NFE against window per method, one panel per kind (AR dashed; window auto a star at
+    the mean L it chose)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,8 +134,13 @@ def nfe_plot_png(tables: dict[str, list[dict]], ar_nfe: dict[str, float]) -> byt
         fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 3.6), squeeze=False)
         for ax, kind in zip(axes[0], kinds):
             for m in sorted({r["method"] for r in tables[kind]} - {"ar"}):
-                pts = sorted((r["window"], r["nfe"]) for r in tables[kind] if r["method"] == m)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+                mine = [r for r in tables[kind] if r["method"] == m]
+                pts = sorted((r["window"], r["nfe"]) for r in mine if r["window"] != "auto")
+                line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+                for r in mine:
+                    if r["window"] == "auto" and r["mean_window"] > 0:
+                        ax.plot([r["mean_window"]], [r["nfe"]], marker="*", ms=11, ls="none",
+                                c=line[0].get_color() if line else None, label=f"{m} auto")
             ax.axhline(ar_nfe[kind], ls="--", c="gray", label="ar")
             ax.set_xscale("log", base=2)
             ax.set_xlabel("window L")
@@ -207,7 +225,7 @@ def render(tables: dict, quality: dict, ar_stats: dict, plots: list[str], grids:
         for r in rows:
             if r["method"] == "ar":
                 continue
-            lines.append(f"| {r['method']} | {r['window']} | {r['samples']} | {r['nfe']:.1f} | {r['nfe_accel']:.2f}x | "
+            lines.append(f"| {r['method']} | {_window_label(r)} | {r['samples']} | {r['nfe']:.1f} | {r['nfe_accel']:.2f}x | "
                          f"{_f(r['latency_accel'])}x | {_f(r['e2e_accel'])}x | {_f(r['sjd_over'])} | {r['tokens_per_iter']:.2f} | "
                          f"{r['peak_mib']:.1f} ({r['ar_peak_mib']:.1f}) |")
         q = quality.get(kind) or {}

@@ -19,7 +19,7 @@ import io
 import json
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jobs.lib.ray_setup import where_am_i
 from jobs.lib.storage import Storage, StorageConfig, join
@@ -32,14 +32,15 @@ class ImagePlan:
     """What every prompt is generated with (built from the job config)."""
 
     methods: tuple[str, ...]
-    windows: dict[str, tuple[int, ...]]       # kind (image | video) -> windows L
+    windows: dict[str, tuple[int | str, ...]]  # kind (image | video) -> windows L (or "auto")
     seeds: tuple[int, ...]
     ar_extra_seeds: tuple[int, ...]           # AR only: the noise floor of the quality check
     sampling: dict                            # temperature, top_k, top_p, cfg_scale (None: default)
     alpha: float = 1.0
     batch_size: int = 1
+    auto_max: dict = field(default_factory=lambda: {"image": 64, "video": 128})  # kind -> largest L of auto
 
-    def configs(self, kind: str, seed: int) -> list[tuple[str, int]]:
+    def configs(self, kind: str, seed: int) -> list[tuple[str, int | str]]:
         """(method, window) pairs run at this seed; AR has window 1."""
         if seed not in self.seeds:  # an extra AR seed
             return [("ar", 1)] if "ar" in self.methods else []
@@ -47,7 +48,7 @@ class ImagePlan:
                 for w in ((1,) if m == "ar" else self.windows[kind])]
 
 
-def item_key(sample_id: str, method: str, window: int, seed: int) -> str:
+def item_key(sample_id: str, method: str, window: int | str, seed: int) -> str:
     return f"{sample_id}__{method}__L{window}__s{seed}"
 
 
@@ -77,14 +78,15 @@ class ImageWorker:
         self.store, self.run_uri, self.plan = Storage(storage), run_uri, plan
         self.metadata = metadata or {}
         self.warm: set[tuple] = set()
+        self.choosers: dict[tuple, object] = {}  # (kind, method) -> WindowChooser of window auto
 
-    def _scd(self, method: str, window: int):
+    def _scd(self, kind: str, method: str, window: int | str):
         from spec_core.scd import ScdConfig
 
         d = self.bundle.default_sampling.to_dict() | {k: v for k, v in self.plan.sampling.items() if v is not None}
-        return ScdConfig(window=window, coupling=COUPLING[method], alpha=self.plan.alpha,
-                         temperature=d["temperature"], top_k=d["top_k"], top_p=d["top_p"],
-                         cfg_scale=d["cfg_scale"])
+        return ScdConfig(window=window, max_window=self.plan.auto_max[kind], coupling=COUPLING[method],
+                         alpha=self.plan.alpha, temperature=d["temperature"], top_k=d["top_k"],
+                         top_p=d["top_p"], cfg_scale=d["cfg_scale"])
 
     def check(self, row: dict) -> str | None:
         """Why this prompt cannot be generated (None if it can)."""
@@ -95,15 +97,18 @@ class ImageWorker:
             return f"this generator has no {kind} model"
         return self.lms[kind].check_prompt(row.get("prompt") or "")
 
-    def _run(self, kind: str, method: str, window: int, rows: list[dict], seed: int, keys: list[int]):
-        from spec_core.scd import JacobiDecoder
+    def _run(self, kind: str, method: str, window: int | str, rows: list[dict], seed: int, keys: list[int]):
+        from spec_core.scd import JacobiDecoder, WindowChooser
 
         lm = self.lms[kind]
-        cfg = self._scd(method, window)
+        cfg = self._scd(kind, method, window)
         cond, uncond = lm.prompts([r["prompt"] for r in rows], cfg.cfg)
-        return JacobiDecoder(lm, lm.layout(), cfg).run(cond, uncond, seed, keys)
+        chooser = None
+        if cfg.auto:  # one per actor and (kind, method): the warm-up calibrates, every batch refines
+            chooser = self.choosers.setdefault((kind, method), WindowChooser(cfg.max_window))
+        return JacobiDecoder(lm, lm.layout(), cfg, chooser).run(cond, uncond, seed, keys)
 
-    def _warm_up(self, kind: str, method: str, window: int, row: dict) -> None:
+    def _warm_up(self, kind: str, method: str, window: int | str, row: dict) -> None:
         """First use of a configuration (allocations, kernels, caches) on an untimed sample."""
         if (kind, method, window) not in self.warm:
             self._run(kind, method, window, [row], 7919, [0])
@@ -121,7 +126,7 @@ class ImageWorker:
             out.append((buf.getvalue(), x))
         return out
 
-    def _commit(self, kind: str, method: str, window: int, seed: int, rows: list[dict], res,
+    def _commit(self, kind: str, method: str, window: int | str, seed: int, rows: list[dict], res,
                 media: list[tuple[bytes, object]], e2e_s: float) -> None:
         from spec_core.reference.drawing import dominant_colour
         from spec_core.scd.quality import image_features, video_features
@@ -141,6 +146,7 @@ class ImageWorker:
                 "id": r["id"], "kind": kind, "prompt": r["prompt"], "method": method, "window": window,
                 "seed": seed, "tokens": int(res.tokens_BN.shape[1]), "nfe": int(res.nfe_B[b]),
                 "mean_committed": (sum(commits) - 1) / steps,   # tokens per iteration after the prefill
+                "mean_window": res.mean_window(b),              # L per iteration (auto: the chosen ones)
                 "committed": commits, "entropy": float(res.entropy_B[b]),
                 "latency_s": res.prefill_s + res.loop_s, "e2e_s": e2e_s, "batch_size": len(rows),
                 "peak_bytes": res.peak_bytes, "media": rel, "features": feats[b].tolist(),

@@ -33,23 +33,27 @@ def _rows(ids: torch.Tensor | list, mask: torch.Tensor | None) -> list[list[int]
     return [r[m.bool()].tolist() for r, m in zip(ids_BT, torch.as_tensor(mask))]
 
 
-def generate(model: nn.Module | VisualLM, input_ids, max_new_tokens: int, *, window: int,
+def generate(model: nn.Module | VisualLM, input_ids, max_new_tokens: int, *, window: int | str,
              coupling: str, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int = 0, **options) -> GenerateOutput:
     """Sample max_new_tokens after each prompt row with Speculative Jacobi Decoding (coupling
-    "none") or Speculative Coupled Decoding ("mc" maximal, "gs" Gumbel); window=1 is plain AR.
+    "none") or Speculative Coupled Decoding ("mc" maximal, "gs" Gumbel); window=1 is plain AR,
+    window="auto" picks L per iteration up to max_window for committed tokens per second.
     Lossless: the output is distributed as the model's own sampling with the same processing.
 
     options: alpha (coupling strength, default 1), cfg_scale with uncond_input_ids (and
     uncond_attention_mask), attention_mask (left padding), allowed_mask (V,) bool or allowed_ids,
     forced (length max_new_tokens, -1 = free, else the id forced there), sample_keys (per row noise
-    stream names; default 0..B-1)."""
+    stream names; default 0..B-1); with window "auto": max_window (default 32) and window_chooser
+    (a scd.window.WindowChooser to reuse across calls, so its cost fit and acceptance counts carry
+    over; else each call explores afresh)."""
     known = {"alpha", "cfg_scale", "uncond_input_ids", "uncond_attention_mask", "attention_mask",
-             "allowed_mask", "allowed_ids", "forced", "sample_keys"}
+             "allowed_mask", "allowed_ids", "forced", "sample_keys", "max_window", "window_chooser"}
     unknown = set(options) - known
     if unknown:
         raise TypeError(f"unknown options {sorted(unknown)}; expected some of {sorted(known)}")
     cfg = ScdConfig(window=window, coupling=coupling, alpha=float(options.get("alpha", 1.0)),
+                    max_window=options.get("max_window", 32),
                     temperature=temperature, top_k=int(top_k or 0),
                     top_p=1.0 if top_p is None else float(top_p),
                     cfg_scale=float(options.get("cfg_scale", 1.0)))
@@ -72,5 +76,6 @@ def generate(model: nn.Module | VisualLM, input_ids, max_new_tokens: int, *, win
         if options.get("uncond_input_ids") is None:
             raise ValueError("cfg_scale != 1 needs uncond_input_ids")
         uncond = _rows(options["uncond_input_ids"], options.get("uncond_attention_mask"))
-    res = JacobiDecoder(lm, layout, cfg).run(prompts, uncond, seed, options.get("sample_keys"))
+    decoder = JacobiDecoder(lm, layout, cfg, options.get("window_chooser"))
+    res = decoder.run(prompts, uncond, seed, options.get("sample_keys"))
     return GenerateOutput(res.tokens_BN, int(res.nfe_B.max()), res.nfe_B, res)

@@ -16,19 +16,29 @@ from p without x). Structural positions (end-of-line, end-of-image) are one-hot 
 Every random draw is keyed on (seed, sample key, absolute position, iteration, stream), so a
 sample's output does not depend on its batch (see noise.py).
 
+Window "auto" (scd.window): the state keeps J = max_window - 1 draft slots and each iteration
+forwards only the first L_t - 1 of them, L_t chosen for committed tokens per second. A draft outside
+the forward stays as it is, with the q it was drawn from (still a draft from q, so verifying it later
+is as exact as now); the one right after the forward's drafts is verified by the forward's last row,
+which predicts its position. Re-drafting takes the forward's rows where they reach, the kept drafts
+after them, fresh ids beyond. The schedule of L_t depends on measured time and on the batch, so under
+"auto" a sample is still distributed exactly as the model's own sampling but is no longer the same
+draw alone and batched.
+
 Distributions live on the pool: the allowed ids plus the forced ones (all of V when nothing is
 masked). The LM head is evaluated on those rows only and every per-id tensor is P wide, which for
 a large text+image vocabulary (Emu3, Chameleon) is a fraction of V. Tokens are pool indices inside
 the loop and real ids outside it.
 
-Shapes: B samples, G rows (2B with CFG: conditional then unconditional), T prompt, S = L window
-slots, J = L - 1 drafts, P pool ids, N new tokens, K keys read.
+Shapes: B samples, G rows (2B with CFG: conditional then unconditional), T prompt, S window slots
+of this forward (L, or L_t under "auto"), J = L - 1 draft slots (max_window - 1 under "auto"),
+W = S - 1 drafts in this forward, P pool ids, N new tokens, K keys read.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +49,7 @@ from spec_core.scd.adapters.base import ImageLayout, VisualLM
 from spec_core.scd.config import ScdConfig
 from spec_core.scd.coupling import gumbel_argmax, mrs, sample_inverse_cdf
 from spec_core.scd.processing import entropy_nats, processed_probs
+from spec_core.scd.window import WindowChooser
 
 
 @dataclass
@@ -46,7 +57,8 @@ class ScdResult:
     """Per sample: new tokens (forced ones included), NFE (forwards incl. prefill, a CFG pair is
     one), committed tokens per iteration, mean entropy of the verified distributions at the free
     committed positions; and timings of the whole batch and its peak memory (CUDA: allocated;
-    CPU: the decoding state - KV cache, drafts' distributions, Gumbel noise)."""
+    CPU: the decoding state - KV cache, drafts' distributions, Gumbel noise); the window L of each
+    iteration of the batch (sample b took part in the first len(committed[b]) - 1)."""
 
     tokens_BN: torch.Tensor
     nfe_B: torch.Tensor
@@ -55,6 +67,12 @@ class ScdResult:
     prefill_s: float = 0.0
     loop_s: float = 0.0
     peak_bytes: int = 0
+    windows: list[int] = field(default_factory=list)
+
+    def mean_window(self, b: int) -> float:
+        """Mean L over the iterations sample b took part in (0.0 if none: done by the prefill)."""
+        mine = self.windows[:len(self.committed[b]) - 1]
+        return sum(mine) / len(mine) if mine else 0.0
 
 
 class _State:
@@ -75,12 +93,19 @@ class _State:
 
 
 class JacobiDecoder:
-    """Decode a batch of prompts into `layout.length` new tokens each with SJD / SCD."""
+    """Decode a batch of prompts into `layout.length` new tokens each with SJD / SCD.
 
-    def __init__(self, lm: VisualLM, layout: ImageLayout, cfg: ScdConfig):
+    Under window "auto" the decoder owns a WindowChooser (or uses `chooser`, anything with its
+    choose / observe) that lives as long as the decoder: reuse one decoder across requests to
+    keep its cost fit and acceptance counts."""
+
+    def __init__(self, lm: VisualLM, layout: ImageLayout, cfg: ScdConfig, chooser: WindowChooser | None = None):
         self.lm, self.layout, self.cfg = lm, layout, cfg
-        self.N, self.L = layout.length, cfg.window
+        self.N, self.L = layout.length, cfg.slots
         self.J = self.L - 1
+        if chooser is not None and (not cfg.auto or chooser.max_window != cfg.max_window):
+            raise ValueError(f"a window chooser needs window 'auto' with its max_window {chooser.max_window}")
+        self.chooser = chooser if chooser is not None else WindowChooser(cfg.max_window) if cfg.auto else None
         forced_N = layout.forced_N.long()
         if layout.allowed_V is None:  # the whole vocabulary: pool index = id
             self.pool_P, self.allowed_P, self.forced_N = None, None, forced_N
@@ -166,12 +191,12 @@ class JacobiDecoder:
         return logits[torch.arange(len(prompts_G), device=dev), T_G - 1]
 
     @torch.no_grad()
-    def _window(self) -> torch.Tensor:
-        """Forward [last committed, drafts] of every active sample -> logits (G, S, P)."""
-        st, dev, S = self.st, self.device, self.L
+    def _window(self, S: int) -> torch.Tensor:
+        """Forward [last committed, first S - 1 drafts] of every active sample -> logits (G, S, P)."""
+        st, dev = self.st, self.device
         B = len(st.idx_B)
         last_B = st.tokens_BN[torch.arange(B, device=dev), st.n_B - 1]
-        ids_BS = torch.cat([last_B[:, None], st.drafts_BJ], 1)
+        ids_BS = torch.cat([last_B[:, None], st.drafts_BJ[:, :S - 1]], 1)
         slots_GS = st.len_G[:, None] + torch.arange(S, device=dev)
         kv_len = int(st.len_G.max()) + S
         causal = torch.ones(S, S, dtype=torch.bool, device=dev).tril()
@@ -223,7 +248,7 @@ class JacobiDecoder:
         state_bytes = self.cache.nbytes() + sum(t.numel() * t.element_size() for t in
                                                 (st.q_BJP, st.g_BJP, st.tokens_BN) if t is not None)
         prefill_s = time.perf_counter() - t0
-        it = 0
+        it, windows = 0, []
         while True:
             done = (st.n_B >= N).nonzero().squeeze(-1)
             for b in done.tolist():  # retire finished samples
@@ -240,7 +265,16 @@ class JacobiDecoder:
                 ent_sum_B, ent_cnt_B = ent_sum_B[keep], ent_cnt_B[keep]
             it += 1
             nfe_B[st.idx_B.cpu()] += 1
-            k_B, ent_B, cnt_B = self._iterate(it)
+            if self.chooser is None:
+                S = self.L
+                k_B, ent_B, cnt_B, _ = self._iterate(it, S)
+            else:  # timed: the whole iteration (forward, verification, re-draft) at this window
+                left_B = (N - st.n_B).cpu()
+                S = self.chooser.choose(len(st.len_G), cap=int(left_B.max()))
+                t_it = self._clock()
+                k_B, ent_B, cnt_B, lead_B = self._iterate(it, S)
+                self.chooser.observe(S, len(st.len_G), self._clock() - t_it, lead_B, left_B)
+            windows.append(S)
             ent_sum_B, ent_cnt_B = ent_sum_B + ent_B, ent_cnt_B + cnt_B
             for b, k in zip(st.idx_B.tolist(), k_B.tolist()):
                 committed[b].append(k)
@@ -249,24 +283,33 @@ class JacobiDecoder:
         loop_s = time.perf_counter() - t0 - prefill_s
         peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else state_bytes
         return ScdResult(out_BN, nfe_B, committed, out_ent / out_cnt.clamp_min(1), prefill_s, loop_s,
-                         int(peak))
+                         int(peak), windows)
 
-    def _iterate(self, it: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One forward, verification, commit and re-draft. Returns per active sample: committed
-        count, summed entropy and count of the free committed positions."""
-        st, dev, cfg, J, S, P = self.st, self.device, self.cfg, self.J, self.L, self.P
-        B = len(st.idx_B)
-        logits_GSP = self._window()
+    def _clock(self) -> float:
+        if self.device.type == "cuda":  # queued kernels belong to the interval being timed
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _iterate(self, it: int, S: int) -> tuple[torch.Tensor, ...]:
+        """One forward of S slots, verification, commit and re-draft. Returns per active sample:
+        committed count, summed entropy and count of the free committed positions, and the
+        leading accepted drafts of the forward."""
+        st, dev, J = self.st, self.device, self.J
+        W = S - 1
+        logits_GSP = self._window(S)
         pos_BS = st.n_B[:, None] + torch.arange(S, device=dev)  # new position each row predicts
         p_BSP = self._probs(logits_GSP, pos_BS)
         u_acc, u_res = self._u(noise.ACCEPT, pos_BS, it), self._u(noise.RESIDUAL, pos_BS, it)
-        # MRS at every draft row (verification, and the maximal coupling of the re-draft);
-        # the last row has no draft: a plain draw from it (the bonus token, or a draft)
-        y = mrs(p_BSP[:, :J], st.q_BJP, st.drafts_BJ, u_acc[:, :J], u_res[:, :J])
-        last_B = sample_inverse_cdf(p_BSP[:, J], u_res[:, J])
-        y_BS = torch.cat([y.ids_R, last_B[:, None]], 1)
-        first_rej_B = y.accepted_R.long().cumprod(1).sum(1)  # leading accepts (J if all)
-        k_B = torch.minimum(first_rej_B + 1, self.N - st.n_B)  # accepted + 1, never past the end
+        # MRS at every row with a draft (verification, and the maximal coupling of the re-draft):
+        # the forward's W drafts and, below the largest window, the kept draft at the last row's
+        # position. Else the last row has no draft: a plain draw from it (the bonus token, or a draft)
+        R = min(S, J)
+        y = mrs(p_BSP[:, :R], st.q_BJP[:, :R], st.drafts_BJ[:, :R], u_acc[:, :R], u_res[:, :R])
+        y_BS = y.ids_R
+        if R < S:
+            y_BS = torch.cat([y_BS, sample_inverse_cdf(p_BSP[:, W], u_res[:, W])[:, None]], 1)
+        lead_B = y.accepted_R[:, :W].long().cumprod(1).sum(1)  # leading accepts (W if all)
+        k_B = torch.minimum(lead_B + 1, self.N - st.n_B)  # accepted + 1, never past the end
 
         # commit: rows [0, k) of y are the new tokens; the KV of window slots [0, k) is now valid.
         # Rows past k are written too, as scratch: a later commit overwrites them before n passes.
@@ -276,29 +319,41 @@ class JacobiDecoder:
         ent_B = (entropy_nats(p_BSP[:, :kmax]) * free_BK).sum(1)
         st.n_B = st.n_B + k_B
         st.len_G = st.len_G + self._rows(k_B)
+        self._redraft(it, S, k_B, p_BSP, y_BS)
+        return k_B.cpu(), ent_B.cpu(), free_BK.sum(1).cpu(), lead_B.cpu()
 
-        # re-draft positions n' + j: old row i = k + j if that row exists, else a fresh id
+    def _redraft(self, it: int, S: int, k_B: torch.Tensor, p_BSP: torch.Tensor, y_BS: torch.Tensor) -> None:
+        """Drafts for positions n' + j (n' = n + k, j < J): old row i = k + j where the forward had
+        it (i < S; only slots j < W can be such), else the kept old draft slot i with its q and
+        noise (i < J; a window below the largest), else a fresh id."""
+        st, dev, cfg, J, P = self.st, self.device, self.cfg, self.J, self.P
+        B, W = k_B.shape[0], S - 1
         i_BJ = k_B[:, None] + torch.arange(J, device=dev)
-        has_BJ = i_BJ < S
-        gi = i_BJ.clamp(max=S - 1)
-        p_new_BJP = p_BSP.gather(1, gi[..., None].expand(B, J, P))
+        has_BW = i_BJ[:, :W] < S
+        gi_BW = i_BJ[:, :W].clamp(max=S - 1)
+        p_new_BWP = p_BSP.gather(1, gi_BW[..., None].expand(B, W, P))
         pos_new_BJ = st.n_B[:, None] + torch.arange(J, device=dev)
-        indep_BJ = sample_inverse_cdf(p_new_BJP, self._u(noise.DRAFT, pos_new_BJ, it))
+        pos_BW = pos_new_BJ[:, :W]
+        indep_BW = sample_inverse_cdf(p_new_BWP, self._u(noise.DRAFT, pos_BW, it))
         if cfg.coupling == "mc":
-            coupled_BJ = y_BS.gather(1, gi)
+            coupled_BW = y_BS.gather(1, gi_BW)
         elif cfg.coupling == "gs":
-            self._shift_gumbel(k_B, pos_new_BJ)
-            coupled_BJ = gumbel_argmax(p_new_BJP, st.g_BJP)
+            self._shift_gumbel(k_B, pos_new_BJ)  # kept drafts keep their noise too
+            coupled_BW = gumbel_argmax(p_new_BWP, st.g_BJP[:, :W])
         else:
-            coupled_BJ = indep_BJ
+            coupled_BW = indep_BW
         if cfg.coupling != "none" and cfg.alpha < 1.0:
-            coin_BJ = self._u(noise.COIN, pos_new_BJ, it) < cfg.alpha
-            coupled_BJ = torch.where(coin_BJ, coupled_BJ, indep_BJ)
-        fresh_BJ = self._fresh(pos_new_BJ, it)
-        st.drafts_BJ = torch.where(has_BJ, coupled_BJ, fresh_BJ)
-        one_BJP = torch.zeros_like(p_new_BJP).scatter_(-1, fresh_BJ[..., None], 1.0)
-        st.q_BJP = torch.where(has_BJ[..., None], p_new_BJP, one_BJP)
-        return k_B.cpu(), ent_B.cpu(), free_BK.sum(1).cpu()
+            coin_BW = self._u(noise.COIN, pos_BW, it) < cfg.alpha
+            coupled_BW = torch.where(coin_BW, coupled_BW, indep_BW)
+        drafts_BJ = self._fresh(pos_new_BJ, it)
+        q_BJP = torch.zeros_like(st.q_BJP).scatter_(-1, drafts_BJ[..., None], 1.0)
+        if S <= J:  # a window below the largest: the drafts it did not reach stay, with their q
+            kept_BJ = (i_BJ >= S) & (i_BJ < J)
+            src_BJ = i_BJ.clamp(max=J - 1)
+            drafts_BJ = torch.where(kept_BJ, st.drafts_BJ.gather(1, src_BJ), drafts_BJ)
+            q_BJP = torch.where(kept_BJ[..., None], st.q_BJP.gather(1, src_BJ[..., None].expand(B, J, P)), q_BJP)
+        st.drafts_BJ = torch.cat([torch.where(has_BW, coupled_BW, drafts_BJ[:, :W]), drafts_BJ[:, W:]], 1)
+        st.q_BJP = torch.cat([torch.where(has_BW[..., None], p_new_BWP, q_BJP[:, :W]), q_BJP[:, W:]], 1)
 
     def _shift_gumbel(self, k_B: torch.Tensor, pos_new_BJ: torch.Tensor) -> None:
         """Draft slot j now holds position n' + j = (old slot j + k): move the kept noise down,

@@ -1,7 +1,8 @@
 """jobs/generate_images.py on a tiny reference generator: every (prompt, method, window, seed) item
 is committed with its media and record, bad prompts are rejected with a reason while the batch goes
-on, greedy (top-k 1) output of every method equals AR's pixel for pixel, a rerun redoes exactly the
-missing items, the report holds every method and window, config mistakes fail first."""
+on, greedy (top-k 1) output of every method equals AR's pixel for pixel (window auto too), a rerun
+redoes exactly the missing items, the report holds every method and window, config mistakes fail
+first."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from PIL import Image
 
 from jobs.generate_images import GenerateImagesConfig, main
 from jobs.lib.config import ConfigError, load_config
+from jobs.lib.run_key import RunMismatch
 from spec_core.reference.generator import GeneratorBuildConfig, build_generator
 
 IMAGES = ["a gray background with a large red circle in the center",
@@ -23,6 +25,7 @@ BAD = [{"id": "empty", "kind": "image", "prompt": ""},
        {"id": "long", "kind": "image", "prompt": " ".join(["red"] * 400)},
        {"id": "audio", "kind": "audio", "prompt": IMAGES[0]}]
 CONFIGS_PER_PROMPT = {"image": 1 + 3 * 2 + 1, "video": 1 + 3 * 1 + 1}  # ar, 3 methods x windows, ar extra seed
+SCHEDULE = {"nfe", "committed", "mean_committed", "mean_window"}  # window auto: follows the measured time
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,8 @@ def _cfg(root: Path, out: Path, run_id: str = "t", **extra) -> GenerateImagesCon
     data = {"run": {"output_uri": str(out), "run_id": run_id}, "ray": {"num_cpus": 2},
             "data": {"prompts": str(root / "prompts.jsonl"), "shard_size": 3},
             "generator": {"path": str(root / "generator")},
-            "windows": {"image": [4, 16], "video": [8]}, "compute": {"num_actors": 2, "batch_size": 2}}
+            "windows": {"image": [4, "auto"], "video": [8], "auto_max": {"image": 16}},
+            "compute": {"num_actors": 2, "batch_size": 2}}
     for k, v in extra.items():
         data[k] = {**data[k], **v} if isinstance(v, dict) and k in data else v
     return GenerateImagesConfig.model_validate(data)
@@ -81,11 +85,14 @@ def test_bad_prompts_are_rejected_with_reasons(run):
 def test_report_has_every_method_and_window(run):
     m, run_dir = run
     report = (run_dir / "report.md").read_text()
-    for line in ("| sjd | 4 |", "| scd_mc | 16 |", "| scd_gs | 8 |", "AR vs AR at another seed"):
+    for line in ("| sjd | 4 |", "| scd_mc | 4 |", "| scd_gs | 8 |", "| scd_gs | auto (mean ",
+                 "AR vs AR at another seed"):
         assert line in report
+    assert m["figures"]["image_scd_mc_latency_accel"]["auto"] > 0
+    assert 1 <= m["figures"]["image_sjd_auto_mean_window"] <= 16
     for f in ("nfe_vs_window.png", "acceptance.png", "grid_image.png", "grid_video.png", "items.parquet"):
         assert (run_dir / f).is_file()
-    assert m["figures"]["image_scd_mc_nfe_accel"]["16"] > 0 and set(m["figures"]["video_sjd_latency_accel"]) == {"8"}
+    assert m["figures"]["image_scd_mc_nfe_accel"]["4"] > 0 and set(m["figures"]["video_sjd_latency_accel"]) == {"8"}
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["details"]["quality"]["image"]["rows"]
 
@@ -101,14 +108,18 @@ def test_greedy_outputs_equal_ar_and_rerun_redoes_only_missing_items(world, ray_
     lost = sorted(items)[::3]
     for name in lost:
         (run_dir / "items" / name).unlink()
+    with pytest.raises(RunMismatch, match=r"data\.limit_per_kind: 1 -> 2"):  # another config: stops, nothing mixed
+        main(cfg.model_copy(update={"data": cfg.data.model_copy(update={"limit_per_kind": 2})}))
+    assert len(list((run_dir / "items").glob("*.json"))) == len(items) - len(lost)
     m = main(cfg)
     assert m["stages"]["generate"]["items"] == len(lost)
     again = {p.name: json.loads(p.read_text()) for p in (run_dir / "items").glob("*.json")}
     assert set(again) == set(items)
     where_and_when = {"latency_s", "e2e_s", "batch_size", "peak_bytes", "actor", "node"}
     for name in lost:  # the same item again (its noise is keyed on the prompt, not the batch)
-        assert {k: v for k, v in again[name].items() if k not in where_and_when} == \
-               {k: v for k, v in items[name].items() if k not in where_and_when}
+        skip = where_and_when | (SCHEDULE if items[name]["window"] == "auto" else set())
+        assert {k: v for k, v in again[name].items() if k not in skip} == \
+               {k: v for k, v in items[name].items() if k not in skip}
 
 
 def test_config_mistakes_fail_first(world, tmp_path):
@@ -116,6 +127,8 @@ def test_config_mistakes_fail_first(world, tmp_path):
         _cfg(world, tmp_path, methods=["sjd", "scd_mc"])
     with pytest.raises(ValueError, match="window 1 is AR"):
         _cfg(world, tmp_path, windows={"image": [1, 8]})
+    with pytest.raises(ValueError):
+        _cfg(world, tmp_path, windows={"image": [8, "automatic"]})
     with pytest.raises(ValueError):
         _cfg(world, tmp_path, methods=["ar", "scd_maximal"])
     with pytest.raises(FileNotFoundError, match="not a local generator"):
