@@ -83,6 +83,27 @@ def png(i: int) -> bytes:
     return buf.getvalue()
 
 
+def test_other_manifests_into_the_same_run_stop_before_any_work(tmp_path, tiny_ref):
+    from jobs.lib.run_key import RunMismatch
+
+    ref, _, _ = tiny_ref
+    store = Storage()
+    first = config(str(tmp_path), [REFERENCE], vars={"REF": ref})
+    first.run.run_id = "reference"
+    main(first)
+    train = join(str(tmp_path), "build_manifests", "reference", "train.parquet")
+    before = store.read_bytes(train)
+    other = tmp_path / "ref2"
+    (other / "data").mkdir(parents=True)
+    pq.write_table(samples_table([s for t in TASKS for s in make_split(t, 1, 5, "train")]), other / "data" / "train.parquet")
+    pq.write_table(samples_table([s for t in TASKS for s in make_split(t, 1, 5, "eval")]), other / "data" / "eval.parquet")
+    second = config(str(tmp_path), [REFERENCE], vars={"REF": str(other)})
+    second.run.run_id = "reference"
+    with pytest.raises(RunMismatch, match=r"data\.vars"):
+        main(second)
+    assert store.read_bytes(train) == before
+
+
 def test_s3_sources_and_output(tmp_path, s3_bucket):
     store = Storage()
     lines = [json.dumps({"id": str(i), "image": f"{i}.png", "turns": [f"q{i}"], "category": "c"}) for i in range(6)]

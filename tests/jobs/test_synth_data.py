@@ -3,6 +3,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
+from jobs.lib.job import RunSection
 from jobs.lib.storage import Storage, join
 from jobs.synth_data import SynthDataConfig, main
 
@@ -47,6 +48,18 @@ def test_resume_redoes_only_the_unfinished_split(tmp_path, ray_local):
     assert m["counts"] == {"samples_train": 0, "samples_eval": 12}
     after = sorted(read_split(store, join(run, "data", "eval"))["image_sha256"].to_pylist())
     assert after == before  # deterministic and not duplicated
+
+
+def test_another_seed_into_the_same_run_stops_or_restarts(tmp_path, ray_local):
+    from jobs.lib.run_key import RunMismatch
+
+    cfg = config(str(tmp_path)).model_copy(update={"run": RunSection(output_uri=str(tmp_path), run_id="r")})
+    main(cfg)
+    other = cfg.model_copy(update={"data": cfg.data.model_copy(update={"seed": 1})})
+    with pytest.raises(RunMismatch, match=r"data\.seed: 0 -> 1"):
+        main(other)
+    m = main(other.model_copy(update={"run": RunSection(output_uri=str(tmp_path), run_id="r", on_mismatch="restart")}))
+    assert m["counts"] == {"samples_train": 18, "samples_eval": 12}  # everything again, for seed 1 only
 
 
 def test_s3_output(s3_bucket, ray_local):
