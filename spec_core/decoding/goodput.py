@@ -82,35 +82,31 @@ class AcceptanceModel:
     """P(a draft node is accepted), calibrated by what verification accepts."""
 
     def __init__(self, max_depth: int = 64):
-        # bucket -> [accepted, seen], starting from a prior of _PRIOR_WEIGHT pseudo-observations
-        self.conf = [[_PRIOR_WEIGHT * (i + 0.5) / _BUCKETS, _PRIOR_WEIGHT] for i in range(_BUCKETS)]
-        self.depth = [[_PRIOR_WEIGHT * 0.5 ** d, _PRIOR_WEIGHT] for d in range(max_depth + 1)]
-
-    def _table(self, scored: bool) -> list[list[float]]:
-        return self.conf if scored else self.depth
+        # per key: accepted and seen counts, starting from a prior of _PRIOR_WEIGHT pseudo-observations
+        self.conf_acc = _PRIOR_WEIGHT * (torch.arange(_BUCKETS, dtype=torch.float64) + 0.5) / _BUCKETS
+        self.conf_seen = torch.full((_BUCKETS,), _PRIOR_WEIGHT, dtype=torch.float64)
+        self.depth_acc = _PRIOR_WEIGHT * 0.5 ** torch.arange(max_depth + 1, dtype=torch.float64)
+        self.depth_seen = torch.full((max_depth + 1,), _PRIOR_WEIGHT, dtype=torch.float64)
 
     def _keys(self, score_BN: torch.Tensor | None, depth_BN: torch.Tensor) -> torch.Tensor:
         if score_BN is not None:
             return (score_BN.double().exp() * _BUCKETS).long().clamp(0, _BUCKETS - 1)
-        return depth_BN.clamp(0, len(self.depth) - 1)
+        return depth_BN.clamp(0, len(self.depth_seen) - 1)
 
     def predict(self, score_BN: torch.Tensor | None, depth_BN: torch.Tensor) -> torch.Tensor:
         """(B, N) probabilities; along each row non-increasing where the nodes are ordered by score
         (a prefix never values a node above one before it)."""
-        table = self._table(score_BN is not None)
-        rate = torch.tensor([a / n for a, n in table], dtype=torch.float64)
-        p_BN = rate[self._keys(score_BN, depth_BN).cpu()]
+        acc, seen = (self.conf_acc, self.conf_seen) if score_BN is not None else (self.depth_acc, self.depth_seen)
+        p_BN = (acc / seen)[self._keys(score_BN, depth_BN).cpu()]
         return torch.cummin(p_BN, dim=1).values if p_BN.numel() else p_BN
 
     def observe(self, score_BN: torch.Tensor | None, depth_BN: torch.Tensor, real_BN: torch.Tensor,
                 accepted_BN: torch.Tensor) -> None:
         """Count every real (not padded) verified node and whether the walk accepted it."""
-        table = self._table(score_BN is not None)
-        keys = self._keys(score_BN, depth_BN)[real_BN].tolist()
-        acc = accepted_BN[real_BN].tolist()
-        for k, a in zip(keys, acc):
-            table[k][0] += float(a)
-            table[k][1] += 1.0
+        acc, seen = (self.conf_acc, self.conf_seen) if score_BN is not None else (self.depth_acc, self.depth_seen)
+        keys = self._keys(score_BN, depth_BN)[real_BN]
+        seen += torch.bincount(keys, minlength=len(seen)).double()
+        acc += torch.bincount(keys, weights=accepted_BN[real_BN].double(), minlength=len(acc))
 
 
 def choose_nodes(p_BN: torch.Tensor, active_B: torch.Tensor, rows: int, cost: CostModel, draft_s: float = 0.0,
@@ -181,16 +177,16 @@ class GoodputPolicy:
         return d
 
     def _best_depth(self, n_active: int, rows: int) -> int:
-        best, best_rate = 0, n_active / max(self.cost.verify_s(rows), 1e-12)
+        a, b = self.cost.coefficients()  # t_verify(T) = a + b T, read once for every candidate
+        best, best_rate = 0, n_active / max(a + b * rows, 1e-12)
         for d in range(1, self.depth + 1):
             v = self.value[d]
             if v is None:
                 continue
-            draft = d * self.cost.draft_per_depth
-            for n in range(1, len(v)):
-                rate = n_active * (1 + v[n]) / (draft + self.cost.verify_s(rows * (1 + n)))
-                if rate > best_rate:
-                    best, best_rate = d, rate
+            draft = d * self.cost.draft_per_depth + a + b * rows
+            rate = max(n_active * (1 + v[n]) / (draft + b * rows * n) for n in range(1, len(v)))
+            if rate > best_rate:
+                best, best_rate = d, rate
         return best
 
     def choose(self, tree, active_B: torch.Tensor, rows: int):
@@ -198,7 +194,7 @@ class GoodputPolicy:
         from spec_core.decoding.tree import truncate
 
         p_BN = self.acceptance.predict(tree.score_BN, tree.depth_BN) * tree.real_BN.cpu()
-        self._learn_values(p_BN, tree.depth_BN.cpu(), active_B.cpu())
+        self._learn_values(p_BN, tree.depth_BN.cpu(), active_B.cpu(), self.depths[-1] if self.depths else self.depth)
         k = self._exploring()
         if k is not None or not self.cost.ready:
             n = min(self.explore[(k or 0) % len(self.explore)], tree.size)
@@ -208,14 +204,16 @@ class GoodputPolicy:
         self._p_BN = p_BN[:, :n]
         return truncate(tree, n)
 
-    def _learn_values(self, p_BN: torch.Tensor, depth_BN: torch.Tensor, active_B: torch.Tensor) -> None:
-        """V_d(N) for every depth this tree reached: its nodes of depth <= d in order (a prefix of
-        the same order a depth-d tree would have), mean over active slots of their cumulative p."""
-        if not bool(active_B.any()):
+    def _learn_values(self, p_BN: torch.Tensor, depth_BN: torch.Tensor, active_B: torch.Tensor, drafted: int) -> None:
+        """V_d(N) for every d up to the depth this tree was drafted to: its nodes of depth <= d in
+        order (a prefix of the same order a depth-d tree would have), mean over active slots of
+        their cumulative p. Where the budget kept no node deeper than some d' < drafted, the curves
+        of d' .. drafted are the same: drafting deeper would have bought nothing."""
+        if not bool(active_B.any()) or drafted < 1:
             return
         # a proposer's chain may run deeper than the tree config's depth: the deepest curve holds it
         p, dep = p_BN[active_B], depth_BN[active_B].clamp(max=self.depth)
-        for d in range(1, int(dep.max()) + 1 if dep.numel() else 1):
+        for d in range(1, min(drafted, self.depth) + 1):
             kept = torch.where(dep <= d, p, torch.zeros_like(p))
             kept = kept.sort(dim=1, descending=True).values  # the best N of depth <= d
             curve = [0.0] + kept.cumsum(1).mean(0).tolist()
@@ -233,11 +231,12 @@ class GoodputPolicy:
         self.cost.observe_draft(draft_depth, draft_s)
         if tree.size == 0 or self._p_BN is None:
             return
-        accepted_BN = torch.zeros(tree.tokens_BN.shape, dtype=torch.bool)
+        # node i (1-based) of row b is accepted iff it is among the first n[b] entries of its path
         path, n = path_BD.cpu(), n_B.cpu()
-        for b in range(path.shape[0]):
-            nodes = path[b, : int(n[b])]
-            accepted_BN[b, nodes - 1] = True
+        on_path_BD = (torch.arange(path.shape[1])[None] < n[:, None]) & (path > 0)
+        accepted_BN = torch.zeros(tree.tokens_BN.shape[0], tree.tokens_BN.shape[1] + 1, dtype=torch.bool)
+        accepted_BN.scatter_(1, torch.where(on_path_BD, path, 0), on_path_BD)
+        accepted_BN = accepted_BN[:, 1:]
         real_BN = tree.real_BN.cpu() & active_B.cpu()[:, None]
         self.predicted += float(self._p_BN[real_BN].sum())
         self.accepted += float(accepted_BN[real_BN].sum())

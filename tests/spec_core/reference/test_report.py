@@ -1,0 +1,25 @@
+"""spec_core.reference.report: bars checked for the small world, the reasons of moved bars shown."""
+
+from __future__ import annotations
+
+from spec_core.reference.report import BAR_REASONS, BARS, render_report
+
+
+def _row(text: str, key: str) -> str:
+    return next(line for line in text.splitlines() if f"(`{key}`)" in line)
+
+
+def test_a_default_small_build_meets_its_bars_and_says_why_they_sit_there():
+    m = {"size": "small", "seed": 0, "exact_match_general_vqa": 0.66, "image_prompt_following_cfg": 0.48,
+         "image_dependence": 0.85}
+    text = render_report(m)
+    assert _row(text, "exact_match_general_vqa").endswith("| yes |")
+    assert _row(text, "image_prompt_following_cfg").endswith("| yes |")
+    assert _row(text, "image_dependence").endswith("| NO |")  # below its bar: said so
+    assert "Why these bars:" in text and all(f"- `{k}`: " in text for k in BAR_REASONS)
+    assert set(BAR_REASONS) <= set(BARS)
+
+
+def test_tiny_is_not_held_to_the_bars():
+    text = render_report({"size": "tiny", "seed": 0, "exact_match_general_vqa": 0.1})
+    assert "bars apply to the `small` world" in text
