@@ -194,8 +194,8 @@ class DecodeEngine:
         """Prefill requests into free slots: one forward for all of them (left-padded like HF's
         batched generate) unless the visual-share probe needs each prompt's attention alone.
         Returns the requests already done (max_new_tokens 1 or an immediate EOS)."""
-        for _, request in pairs:
-            T = int(torch.as_tensor(request.inputs["input_ids"]).shape[-1])
+        T_R = [int(torch.as_tensor(r.inputs["input_ids"]).shape[-1]) for _, r in pairs]
+        for T, (_, request) in zip(T_R, pairs):
             if T + request.max_new_tokens + self.scratch() > self.capacity:
                 raise ValueError(f"prompt of {T} tokens + {request.max_new_tokens} new does not fit the "
                                  f"cache capacity {self.capacity}")
@@ -210,7 +210,6 @@ class DecodeEngine:
         if self.probe is not None:
             self.probe.armed = False
         ids_RT = torch.as_tensor(inputs["input_ids"]).to(self.device, torch.long)
-        T_R = [int(torch.as_tensor(r.inputs["input_ids"]).shape[-1]) for _, r in pairs]
         if self.sampling.do_sample:  # draws keyed by (seed, position): independent of trees and batches
             for b, request in pairs:
                 self.seed_B[b] = request.seed if request.seed is not None else int(

@@ -16,19 +16,19 @@ def pad_batch(inputs: list[dict], pad_id: int) -> dict:
     else (pixel values, image sizes, grids) concatenated along its first dimension in request
     order, trailing dimensions zero-padded to the largest (LLaVA-NeXT's views per image: the model
     reads only the views its image_sizes imply)."""
+    from spec_core.targets.encode import collate_image_inputs
+
     lengths = [int(x["input_ids"].shape[-1]) for x in inputs]
     T = max(lengths)
     out = {}
     for key in inputs[0]:
-        parts = [torch.as_tensor(x[key]) for x in inputs]
         if key in PER_TOKEN:
             fill = pad_id if key == "input_ids" else 0
-            parts = [torch.nn.functional.pad(p, (T - n, 0), value=fill) for p, n in zip(parts, lengths)]
-        elif parts[0].dim() > 1 and len({p.shape[1:] for p in parts}) > 1:
-            top = [max(s) for s in zip(*(p.shape[1:] for p in parts))]
-            parts = [torch.nn.functional.pad(p, [x for m, n in zip(reversed(top), reversed(p.shape[1:]))
-                                                 for x in (0, m - n)]) for p in parts]
-        out[key] = torch.cat(parts, dim=0)
+            out[key] = torch.cat([torch.nn.functional.pad(torch.as_tensor(x[key]), (T - n, 0), value=fill)
+                                  for x, n in zip(inputs, lengths)])
+    rest = [{k: torch.as_tensor(v).numpy() for k, v in x.items() if k not in PER_TOKEN} for x in inputs]
+    if rest[0]:  # images: concatenated, trailing dimensions zero-padded (the precompute collate)
+        out.update(collate_image_inputs(rest))
     if "attention_mask" not in out:
         out["attention_mask"] = torch.stack([torch.arange(T) >= T - n for n in lengths]).long()
     return out
