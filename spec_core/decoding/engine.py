@@ -16,7 +16,10 @@ One step, for all slots at once:
   4. commit per slot: keep the target KV of the root and accepted nodes (`RaggedCache.keep`),
      feed the same tokens with the target's features to a feature drafter (its new root state;
      Medusa's is the target's own state at the last accepted node), so each slot advances by its
-     own count.
+     own count. Under the goodput policy a step that drafted nothing (an AR step) defers the
+     drafter: its token and feature wait in a pending buffer (`dlen_B` <= `len_B`), and the next
+     step that drafts feeds all of them in one drafter forward - so a run of AR steps costs what
+     plain AR costs, not one drafter forward more per token.
 A finished slot (EOS, or max_new_tokens) returns its result and takes the next request.
 
 Losslessness: at every visited node the target's token is produced by the target's own rule;
@@ -144,12 +147,22 @@ class DecodeEngine:
                          if feature_drafter and drafter.compressor is not None else None)
         self.len_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.len_host = [0] * batch_size  # len_B on the host: no device read to size a step
+        # the drafter cache's own length (<= len_B: AR steps of the goodput policy defer feeding
+        # it) and the committed (token, target feature) pairs waiting for it, per slot
+        self.dlen_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        self.dlen_host = [0] * batch_size
+        D = adapter.text_config.hidden_size
+        self.lazy = feature_drafter and self.policy is not None
+        self.pend_max = min(32, step_scratch(self.tree_cfg, True)) if self.lazy else 0
+        self.pend_tok_BP = torch.zeros(batch_size, self.pend_max, dtype=torch.long, device=dev)
+        self.pend_feat_BPD: torch.Tensor | None = None  # allocated at the first deferral (target dtype)
+        self.pend_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        self.pend_host = [0] * batch_size
         self.root_host = [0] * batch_size  # the root token of an admission (its first new token)
         self.tpos_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.root_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.seed_B = torch.zeros(batch_size, dtype=torch.long, device=dev)  # sampling: each slot's draw key
         self.mrope = False
-        D = adapter.text_config.hidden_size
         self.root_h_BD = torch.zeros(batch_size, D, device=dev,
                                      dtype=next(drafter.parameters()).dtype if drafter is not None else torch.float32)
         self.mem: VisualMemory | None = None
@@ -273,6 +286,8 @@ class DecodeEngine:
         h, _ = d.blocks(x, torch.arange(T, device=x.device)[None], causal, cache)
         self.dcache.load(b, dynamic_cache_kv(cache))
         self.root_h_BD[b] = h[0, -1]
+        self.dlen_B[b], self.dlen_host[b] = T, T
+        self.pend_B[b], self.pend_host[b] = 0, 0
         mem = d.memory(out.visual_BPD, out.visual_valid_BP) if self.visual_correction else None
         if mem is not None:
             self._store_memory(b, mem)
@@ -308,15 +323,18 @@ class DecodeEngine:
     def _positions(self, pos_BS: torch.Tensor) -> torch.Tensor:
         return pos_BS.expand(3, -1, -1) if self.mrope else pos_BS
 
-    def _attend(self, n_new: int, anc_BSS: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Committed prefix + the new tokens' own ancestry: (B, S, K) with K keys read."""
-        kv_len = max(self.len_host) + n_new
-        return prefix_and_new_mask(self.len_B, anc_BSS, kv_len), kv_len
+    def _attend(self, n_new: int, anc_BSS: torch.Tensor, drafter: bool = False) -> tuple[torch.Tensor, int]:
+        """Committed prefix + the new tokens' own ancestry: (B, S, K) with K keys read (of the
+        target cache, or of the drafter's)."""
+        len_B, len_host = (self.dlen_B, self.dlen_host) if drafter else (self.len_B, self.len_host)
+        kv_len = max(len_host) + n_new
+        return prefix_and_new_mask(len_B, anc_BSS, kv_len), kv_len
 
-    def _uniform_start(self) -> int | None:
+    def _uniform_start(self, drafter: bool = False) -> int | None:
         """The common length of every row when all rows have one (then a forward's new tokens
         go to the same slots in every row: one slice write instead of a scatter)."""
-        return self.len_host[0] if min(self.len_host) == max(self.len_host) else None
+        lens = self.dlen_host if drafter else self.len_host
+        return lens[0] if min(lens) == max(lens) else None
 
     @torch.no_grad()
     def _verify(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
@@ -335,18 +353,47 @@ class DecodeEngine:
         return hidden, self.adapter.lm_head(hidden)
 
     @torch.no_grad()
-    def _drafter_catch_up(self, tokens_BA: torch.Tensor, feats_BAD: torch.Tensor, n_B: torch.Tensor) -> None:
-        """Feed committed tokens with the target's features; root state = output at n_B - 1."""
+    def _drafter_catch_up(self, tokens_BA: torch.Tensor, feats_BAD: torch.Tensor, n_B: torch.Tensor,
+                          n_host: list[int]) -> None:
+        """Feed n_B committed tokens per row with the target's features at the drafter cache's end;
+        the root state becomes the output at n_B - 1 (rows fed nothing keep theirs)."""
         d = self.drafter
         A = tokens_BA.shape[1]
         causal = torch.ones(A, A, dtype=torch.bool, device=self.device).tril()
-        attend, kv_len = self._attend(A, causal.expand(self.B, A, A))
+        attend, kv_len = self._attend(A, causal.expand(self.B, A, A), drafter=True)
         if self.dkeep_BC is not None:
             attend = attend & self.dkeep_BC[:, None, :kv_len]
-        self.dcache.plan(self.len_B[:, None] + torch.arange(A, device=self.device), kv_len, start=self._uniform_start())
+        pos_BA = self.dlen_B[:, None] + torch.arange(A, device=self.device)
+        self.dcache.plan(pos_BA, kv_len, start=self._uniform_start(drafter=True))
         x = d.input_states(tokens_BA, feats_BAD.to(d.fc.weight.dtype))
-        h, _ = d.blocks(x, self.len_B[:, None] + torch.arange(A, device=self.device), attend, self.dcache)
-        self.root_h_BD = h[torch.arange(self.B, device=self.device), (n_B - 1).clamp_min(0)]
+        h, _ = d.blocks(x, pos_BA, attend, self.dcache)
+        last_BD = h[torch.arange(self.B, device=self.device), (n_B - 1).clamp_min(0)]
+        self.root_h_BD = torch.where((n_B > 0)[:, None], last_BD, self.root_h_BD)
+        self.dlen_B += n_B
+        self.dlen_host = [L + n for L, n in zip(self.dlen_host, n_host)]
+
+    def _defer(self, tok_B: torch.Tensor, feat_BD: torch.Tensor, adv_B: torch.Tensor, advance: list[int]) -> None:
+        """An AR step's committed token and its target feature wait for the drafter (rows with
+        adv 0 write a slot they do not count); a full buffer is fed at once."""
+        if self.pend_feat_BPD is None:
+            self.pend_feat_BPD = feat_BD.new_zeros(self.B, self.pend_max, feat_BD.shape[-1])
+        rows_B = torch.arange(self.B, device=self.device)
+        at_B = self.pend_B.clamp_max(self.pend_max - 1)
+        self.pend_tok_BP[rows_B, at_B] = tok_B
+        self.pend_feat_BPD[rows_B, at_B] = feat_BD
+        self.pend_B += adv_B
+        self.pend_host = [p + a for p, a in zip(self.pend_host, advance)]
+        if max(self.pend_host) >= self.pend_max:
+            self._drafter_flush()
+
+    def _drafter_flush(self) -> None:
+        """Feed every slot's deferred tokens to the drafter in one forward."""
+        A = max(self.pend_host)
+        if A == 0:
+            return
+        self._drafter_catch_up(self.pend_tok_BP[:, :A], self.pend_feat_BPD[:, :A], self.pend_B, self.pend_host)
+        self.pend_B.zero_()
+        self.pend_host = [0] * self.B
 
     def _lap(self, phase: str, t0: float) -> float:
         self._sync()
@@ -425,8 +472,10 @@ class DecodeEngine:
             cfg = self.tree_cfg.for_batch(sum(active))
             if depth is not None and depth < cfg.depth:
                 cfg = dataclasses.replace(cfg, depth=depth)
+            if self.lazy:
+                self._drafter_flush()  # deferred tokens first: the drafter's state is the slot's
             tree = medusa_tree(self.drafter, self.root_h_BD, cfg) if self.medusa else draft_tree(
-                self.drafter, self.dcache, self.root_h_BD, self.len_B, self.mem, cfg, self.correction_depth,
+                self.drafter, self.dcache, self.root_h_BD, self.dlen_B, self.mem, cfg, self.correction_depth,
                 self.dkeep_BC)
             return drop_rows(tree, torch.tensor(skip, device=self.device)) if any(skip) else tree
         if self.new_proposer is not None and any(drafting):
@@ -437,7 +486,8 @@ class DecodeEngine:
     def _commit(self, active: list[bool], rows: list[tuple], hidden_BMD: torch.Tensor) -> list[int]:
         """Per slot (host lists): emit the accepted tokens and the bonus token; then, for all slots
         at once, keep the accepted entries' target KV next to the prefix, feed them to a feature
-        drafter and advance lengths and roots. Returns the slots that finished."""
+        drafter (or defer that, after an AR step of the goodput policy) and advance lengths and
+        roots. Returns the slots that finished."""
         A = max(r[0] for r in rows) + 1
         keep_src = [[L] * A for L in self.len_host]  # pads copy the root slot onto itself
         keep_dst = [list(row) for row in keep_src]
@@ -471,9 +521,12 @@ class DecodeEngine:
             self.tcache.keep(torch.tensor(keep_src, device=dev), torch.tensor(keep_dst, device=dev))
         adv_B, new_tok_BA = torch.tensor(advance, device=dev), torch.tensor(new_tok, device=dev)
         if self.dcache is not None and any(advance):
-            node_BA = torch.tensor(node_idx, device=dev)
-            feats = hidden_BMD.gather(1, node_BA[:, :, None].expand(-1, -1, hidden_BMD.shape[-1]))
-            self._drafter_catch_up(new_tok_BA, feats, adv_B)
+            if self.lazy and hidden_BMD.shape[1] == 1:  # an AR step: the drafter can wait
+                self._defer(new_tok_BA[:, 0], hidden_BMD[:, 0], adv_B, advance)
+            else:
+                node_BA = torch.tensor(node_idx, device=dev)
+                feats = hidden_BMD.gather(1, node_BA[:, :, None].expand(-1, -1, hidden_BMD.shape[-1]))
+                self._drafter_catch_up(new_tok_BA, feats, adv_B, advance)
         self.len_B += adv_B
         self.tpos_B += adv_B
         self.len_host = [L + a for L, a in zip(self.len_host, advance)]
