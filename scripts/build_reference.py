@@ -5,8 +5,13 @@ generator, trained on CPU and saved in Hugging Face formats, with a quality repo
     python scripts/build_reference.py --size small --out runs/reference/small   # or s3://...
 
 Cached by content hash (the code of spec_core/reference, this script, size and seed): when
-<out>/BUILD.json already holds the same hash, nothing is done. BUILD.json is written last, so an
-interrupted build is rebuilt on the next call.
+<out>/BUILD.json already holds the same hash, nothing is done. BUILD.json is written last.
+
+Resumable: the build stages (data, target, generator, evaluate) run in a staging folder kept
+across calls (`.<name>.build-<hash>` beside a local <out>, `<tmp>/spec-refbuild-<hash>` for s3),
+each marked done with its metrics; an interrupted build (killed, out of time) continues at the
+first unfinished stage on the next call - the `small` target (most of the time) is never trained
+twice. The staging folder is removed once <out> is written.
 
 Layout of <out>: data/{train,eval}.parquet, target/ (LLaVA + processor), generator/ (codec,
 image_lm, video_lm), metrics.json, report.md, BUILD.json.
@@ -19,6 +24,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -57,18 +63,23 @@ def is_cached(store: Storage, out: str, digest: str) -> bool:
     return store.exists(marker) and json.loads(store.read_text(marker)).get("hash") == digest
 
 
+def eval_samples(size: str, seed: int) -> list[dict]:
+    from spec_core.reference import TASKS, make_split
+
+    return [s for t in TASKS for s in make_split(t, EVAL_PER_TASK[size], seed, "eval")]
+
+
 def write_data(stage: Path, size: str, seed: int, train: list[dict]) -> dict:
     """data/train.parquet (the target's training samples) and data/eval.parquet (held out)."""
     import pyarrow.parquet as pq
 
     from jobs.lib.records import samples_table
-    from spec_core.reference import TASKS, make_split
 
-    evals = [s for t in TASKS for s in make_split(t, EVAL_PER_TASK[size], seed, "eval")]
+    evals = eval_samples(size, seed)
     (stage / "data").mkdir(parents=True, exist_ok=True)
     pq.write_table(samples_table(train), stage / "data" / "train.parquet")
     pq.write_table(samples_table(evals), stage / "data" / "eval.parquet")
-    return {"train_samples": len(train), "eval_samples": len(evals), "_eval": evals}
+    return {"train_samples": len(train), "eval_samples": len(evals)}
 
 
 def quality_subset(evals: list[dict], size: str) -> list[dict]:
@@ -80,8 +91,11 @@ def quality_subset(evals: list[dict], size: str) -> list[dict]:
     return out
 
 
+DONE = ".done"  # per finished stage, <stage>/.done/<name>.json: its metrics and seconds
+
+
 def build(size: str, seed: int, stage: Path) -> dict:
-    """Everything into a local staging folder; returns the metrics."""
+    """Every stage not yet done into the staging folder; returns the metrics of all of them."""
     import torch
     from tqdm.auto import tqdm
 
@@ -90,37 +104,62 @@ def build(size: str, seed: int, stage: Path) -> dict:
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     log = tqdm.write
+    gcfg = GeneratorBuildConfig.preset(size)
+
+    def evaluate() -> dict:
+        log("evaluating the target on held-out samples ...")
+        m = evaluate_target(str(stage / "target"), quality_subset(eval_samples(size, seed), size))
+        log("evaluating the generator ...")
+        return m | evaluate_generator(str(stage / "generator"), gcfg)
+
+    memo: dict[str, list[dict]] = {}
+
+    def train() -> list[dict]:  # rendered once per call, only if a stage needs them
+        if "train" not in memo:
+            memo["train"] = train_samples(size, seed)
+        return memo["train"]
+
+    steps = {
+        "data": lambda: write_data(stage, size, seed, train()),
+        "target": lambda: build_target(size, str(stage / "target"), seed, train(), log=log, progress=tqdm),
+        "generator": lambda: build_generator(gcfg, str(stage / "generator"), progress=True),
+        "evaluate": evaluate,
+    }
     metrics: dict = {"size": size, "seed": seed}
     stages: dict[str, float] = {}
-    t = time.perf_counter()
-    train = train_samples(size, seed)
-    data = write_data(stage, size, seed, train)
-    evals = data.pop("_eval")
-    metrics.update(data)
-    stages["data"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    metrics.update(build_target(size, str(stage / "target"), seed, train, log=log, progress=tqdm))
-    stages["target"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    gcfg = GeneratorBuildConfig.preset(size)
-    metrics.update(build_generator(gcfg, str(stage / "generator"), progress=True))
-    stages["generator"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    log("evaluating the target on held-out samples ...")
-    metrics.update(evaluate_target(str(stage / "target"), quality_subset(evals, size)))
-    log("evaluating the generator ...")
-    metrics.update(evaluate_generator(str(stage / "generator"), gcfg))
-    stages["evaluate"] = time.perf_counter() - t
-    metrics["stage_seconds"] = {k: round(v, 1) for k, v in stages.items()}
+    (stage / DONE).mkdir(parents=True, exist_ok=True)
+    for name, run in steps.items():
+        marker = stage / DONE / f"{name}.json"
+        if marker.is_file():
+            done = json.loads(marker.read_text())
+            log(f"stage {name}: done in an earlier call ({done['seconds']:.0f}s), kept")
+        else:
+            shutil.rmtree(stage / name, ignore_errors=True)  # what a killed call left half-written
+            t = time.perf_counter()
+            done = {"metrics": run(), "seconds": round(time.perf_counter() - t, 1)}
+            marker.write_text(json.dumps(done))
+        metrics.update(done["metrics"])
+        stages[name] = done["seconds"]
+    metrics["stage_seconds"] = stages
     metrics["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
     return metrics
 
 
+def staging_dir(out: str, digest: str, local_parent: str | None) -> Path:
+    """Where a build of `digest` for `out` stages its files, the same on every call; staging
+    folders of other hashes for the same <out> (stale code) are removed."""
+    if local_parent:
+        parent, name = Path(local_parent).parent, Path(local_parent).name
+        parent.mkdir(parents=True, exist_ok=True)
+        for old in parent.glob(f".{name}.build-*"):
+            if old.name != f".{name}.build-{digest}":
+                shutil.rmtree(old, ignore_errors=True)
+        return parent / f".{name}.build-{digest}"
+    return Path(tempfile.gettempdir()) / f"spec-refbuild-{digest}"
+
+
 def upload(store: Storage, stage: Path, out: str) -> list[str]:
-    files = sorted(p for p in stage.rglob("*") if p.is_file())
+    files = sorted(p for p in stage.rglob("*") if p.is_file() and DONE not in p.relative_to(stage).parts)
     for p in files:
         store.write_bytes(join(out, *p.relative_to(stage).parts), p.read_bytes())
     return [str(p.relative_to(stage)) for p in files]
@@ -156,19 +195,18 @@ def main(argv: list[str] | None = None) -> dict:
         if not store.exists(report_uri) or store.read_text(report_uri) != report:
             store.write_text(report_uri, report)    # the bars or wording changed, not the world
         return metrics
-    t0 = time.perf_counter()
     local_parent = args.out if scheme_of(args.out) == "file" and "://" not in args.out else None
-    if local_parent:
-        Path(local_parent).parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="refbuild-") as tmp:
-        stage = Path(tmp)
-        metrics = build(args.size, args.seed, stage)
-        metrics["build_seconds"] = round(time.perf_counter() - t0, 1)
-        metrics["hash"] = digest
-        (stage / "metrics.json").write_text(json.dumps(metrics, indent=2))
-        (stage / "report.md").write_text(render_report(metrics))
-        store.delete(join(args.out, "BUILD.json"))
-        files = upload(store, stage, args.out)
+    stage = staging_dir(args.out, digest, local_parent)
+    if args.force:
+        shutil.rmtree(stage, ignore_errors=True)
+    metrics = build(args.size, args.seed, stage)
+    metrics["build_seconds"] = round(sum(metrics["stage_seconds"].values()), 1)  # over every call
+    metrics["hash"] = digest
+    (stage / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    (stage / "report.md").write_text(render_report(metrics))
+    store.delete(join(args.out, "BUILD.json"))
+    files = upload(store, stage, args.out)
+    shutil.rmtree(stage, ignore_errors=True)
     build_info = {"hash": digest, "size": args.size, "seed": args.seed, "files": files,
                   "created_utc": datetime.now(timezone.utc).isoformat()}
     store.write_text(join(args.out, "BUILD.json"), json.dumps(build_info, indent=2))

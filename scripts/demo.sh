@@ -38,7 +38,7 @@ else
   EPOCHS=2
   GEN_LIMIT=10            # evaluation samples per task
   IMG_LIMIT=8
-  BUILD_MIN=60; JOBS_MIN=30
+  BUILD_MIN=90; JOBS_MIN=30  # build: data + target 51 min measured, generator ~30 (fp32 steps), evaluation
   ETA=(1 1 5 16 4 3)
 fi
 REFERENCE="${REFERENCE:-runs/reference/$WORLD}"
@@ -53,6 +53,7 @@ if $PY scripts/build_reference.py --size "$WORLD" --out "$REFERENCE" --check >/d
 else
   echo "expected: about $((BUILD_MIN + JOBS_MIN)) minutes on 2 cores: the reference world '$WORLD' is built once"
   echo "(about $BUILD_MIN min, then cached), then the jobs take about $JOBS_MIN min"
+  echo "(interrupted? run it again: the build resumes at its first unfinished stage, the jobs at their last commit)"
 fi
 
 step "reference world '$WORLD' -> $REFERENCE (built once, then a cache hit)"

@@ -79,3 +79,32 @@ def test_build_is_deterministic_and_writes_to_s3(tiny_world, s3_bucket):
     load_script().main(["--size", "tiny", "--out", again, "--force"])
     store = Storage()
     assert digests(store, str(out)) == digests(store, again)
+
+
+def test_an_interrupted_build_resumes_at_its_first_unfinished_stage(tiny_world, tmp_path, monkeypatch):
+    import spec_core.reference.generator.build as generator_build
+    import spec_core.reference.vlm.build as vlm_build
+
+    out = tmp_path / "tiny"
+    script = load_script()
+
+    def killed(*_, **__):
+        raise RuntimeError("killed while building the generator")
+
+    monkeypatch.setattr(generator_build, "build_generator", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        script.main(["--size", "tiny", "--out", str(out)])
+    [stage] = tmp_path.glob(".tiny.build-*")
+    assert sorted(p.stem for p in (stage / ".done").iterdir()) == ["data", "target"]
+    assert not (out / "BUILD.json").exists()
+    monkeypatch.undo()
+
+    def forbidden(*_, **__):
+        raise AssertionError("a finished stage ran again")
+
+    monkeypatch.setattr(vlm_build, "build_target", forbidden)
+    metrics = script.main(["--size", "tiny", "--out", str(out)])
+    assert set(metrics["stage_seconds"]) == {"data", "target", "generator", "evaluate"}
+    assert not stage.exists() and not any(p.name == ".done" for p in out.rglob("*"))
+    store = Storage()
+    assert digests(store, str(out)) == digests(store, str(tiny_world[0]))  # the same world as one call's
