@@ -14,7 +14,7 @@ compared (a shared machine is noisy). Also prints the engine's time per phase an
 step time not spent inside the target's forward. Outputs are checked token-identical.
 Part 2 (--grid): evaluation prompts of the six tasks with real answers (EOS on); per batch size,
 generated tokens/s of every method under the paper's tree (6x6x40), a CPU tree (3x4x8, at most
-32 tokens per step) and the goodput policy (budget 40), against AR at that batch size, all
+32 tokens per step) and the goodput policy on each of those two trees' shapes, against AR at that batch size, all
 interleaved per repetition (medians of the ratios and min-time ratios printed), with the mean
 nodes per slot per step the policy chose. Outputs are checked identical to AR.
 """
@@ -96,6 +96,8 @@ def main() -> None:
                     help="name=drafter_dir (a trained drafter) or a training-free kind (pld, sam, lookahead, recycling)")
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--grid-max-new", type=int, default=96)
+    ap.add_argument("--eager-drafter", action="store_true",
+                    help="grid: also goodput with the drafter fed at every AR step (no deferral), to compare")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     adapter = load_target(args.target)
@@ -128,7 +130,8 @@ def main() -> None:
 
 
 TREES = {"paper 6x6x40": TreeConfig(6, 6, 40), "cpu 3x4x8/32": TreeConfig(3, 4, 8, step_tokens=32),
-         "goodput (40)": TreeConfig(6, 6, 40, policy="goodput")}
+         "goodput (40)": TreeConfig(6, 6, 40, policy="goodput"),
+         "goodput cpu 3x4x8": TreeConfig(3, 4, 8, step_tokens=32, policy="goodput")}
 
 
 def grid(adapter, processor, args) -> None:
@@ -157,6 +160,10 @@ def grid(adapter, processor, args) -> None:
                     tree = TreeConfig(tree.width, tree.depth, m["budget"], tree.step_tokens, tree.policy)
                 engines[(name, tname)] = DecodeEngine(adapter, m.get("drafter"), batch_size=b, capacity=cap, tree=tree,
                                                       eos_token_ids=eos, proposer=m.get("proposer"))
+                if args.eager_drafter and "drafter" in m and tname == "goodput (40)":  # the deferral's worth
+                    engines[(name, "goodput eager")] = DecodeEngine(
+                        adapter, m["drafter"], batch_size=b, capacity=cap, tree=tree, eos_token_ids=eos,
+                        defer_drafter=False)
         for e in engines.values():  # warm-up (and the goodput policy's first calibration)
             list(e.generate(reqs[: max(b, 2)]))
         times: dict[tuple, list[float]] = {k: [] for k in engines}

@@ -116,7 +116,7 @@ class DecodeEngine:
                  eos_token_ids: Iterable[int] = (), generator: torch.Generator | None = None,
                  visual_correction: bool = True, correction_depth: int | None = None,
                  proposer: Callable[[], Proposer] | None = None, viskip: float | None = None,
-                 track_visual: bool = False, visual_reduce: str = "sum"):
+                 track_visual: bool = False, visual_reduce: str = "sum", defer_drafter: bool = True):
         if drafter is not None and proposer is not None:
             raise ValueError("a drafter or a proposer, not both")
         if visual_reduce not in ("sum", "max"):
@@ -152,7 +152,7 @@ class DecodeEngine:
         self.dlen_B = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self.dlen_host = [0] * batch_size
         D = adapter.text_config.hidden_size
-        self.lazy = feature_drafter and self.policy is not None
+        self.lazy = feature_drafter and self.policy is not None and defer_drafter  # False: fed every step
         self.pend_max = min(32, step_scratch(self.tree_cfg, True)) if self.lazy else 0
         self.pend_tok_BP = torch.zeros(batch_size, self.pend_max, dtype=torch.long, device=dev)
         self.pend_feat_BPD: torch.Tensor | None = None  # allocated at the first deferral (target dtype)
@@ -449,7 +449,9 @@ class DecodeEngine:
         if self.policy is not None:
             self.policy.observe(tree, self.B, verify_s, draft_s, depth if tree.size else 0, path_BD, n_B, active_B)
         finished = self._commit(active, rows, hidden_BMD)
-        self._lap("commit", lap)
+        t_committed = self._lap("commit", lap)
+        if self.policy is not None:
+            self.policy.cost.observe_commit(tree.size > 0, t_committed - lap)
         return [self._finish(b) for b in finished]
 
     def _visual_skips(self, active: list[bool]) -> list[bool]:

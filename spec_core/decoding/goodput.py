@@ -6,7 +6,7 @@ a slot with fewer real nodes is padded, so the cost follows N, not each slot's o
 expected yield is, per active slot, the bonus token plus each verified node's acceptance
 probability (a node is accepted iff its whole path is, and the walk commits accepted nodes + 1):
 
-    goodput(N) = (n_active + sum_b sum_{i < N} p_bi) / (t_draft + t_verify(B * (1 + N)))
+    goodput(N) = (n_active + sum_b sum_{i < N} p_bi) / (t_draft + t_verify(B * (1 + N)) + t_commit(N))
 
 Nodes come ordered so that every prefix is ancestor-closed (a feature drafter's / Medusa's tree
 by descending draft score, a proposer's in topological order), so truncating to N is a slice.
@@ -14,8 +14,11 @@ by descending draft score, a proposer's in topological order), so truncating to 
 untouched: any tree is verified by the target's own rule; only the tree's size changes.
 
 - `CostModel`: t_verify(T) = a + b T, a least-squares fit over measured (tokens, seconds) with
-  exponential forgetting (calibrated when an engine starts, refreshed by every step), and the
-  drafter's seconds per depth (an exponential moving average).
+  exponential forgetting (calibrated when an engine starts, refreshed by every step), the
+  drafter's seconds per depth, and what committing a verified tree costs beyond an AR step's commit
+  (t_commit(N > 0) - t_commit(0): moving accepted KV, feeding the accepted tokens to a feature
+  drafter, which an AR step defers) - exponential moving averages. Where the drafter costs as much
+  as the target (a tiny world), that commit term is what makes AR win.
 - `AcceptanceModel`: p(accepted) per node, calibrated online against observed acceptance: by
   draft confidence (exp of the cumulative draft log-probability, EAGLE-2's score) in buckets for
   drafters that score their nodes, by depth for training-free proposers; a prior where nothing
@@ -41,6 +44,8 @@ class CostModel:
 
     decay: float = 0.98            # weight kept by older observations per new one
     draft_per_depth: float = 0.0   # seconds of one drafting depth (EMA); 0: not measured yet
+    commit_tree: float = -1.0      # seconds to commit a step that verified nodes (EMA); < 0: not yet
+    commit_ar: float = -1.0        # ... and an AR step
     _s: list[float] = field(default_factory=lambda: [0.0] * 5)  # sum w, wT, wT^2, wy, wTy
 
     def observe(self, tokens: int, seconds: float) -> None:
@@ -57,6 +62,19 @@ class CostModel:
         if depth > 0:
             per = seconds / depth
             self.draft_per_depth = per if self.draft_per_depth == 0 else (1 - alpha) * self.draft_per_depth + alpha * per
+
+    def observe_commit(self, verified_nodes: bool, seconds: float, alpha: float = 0.2) -> None:
+        old = self.commit_tree if verified_nodes else self.commit_ar
+        new = seconds if old < 0 else (1 - alpha) * old + alpha * seconds
+        if verified_nodes:
+            self.commit_tree = new
+        else:
+            self.commit_ar = new
+
+    def commit_extra(self) -> float:
+        """Seconds a step that verified nodes spends committing beyond an AR step (0 until both
+        have been measured)."""
+        return max(self.commit_tree - self.commit_ar, 0.0) if min(self.commit_tree, self.commit_ar) >= 0 else 0.0
 
     @property
     def ready(self) -> bool:
@@ -113,15 +131,17 @@ def choose_nodes(p_BN: torch.Tensor, active_B: torch.Tensor, rows: int, cost: Co
                  cap: int | None = None) -> tuple[int, list[float]]:
     """The node count N (0..p.shape[1], at most `cap`) that maximises expected committed tokens
     per second of the whole step: (n_active + sum over active rows of their first N p's) /
-    (draft_s + t_verify(rows * (1 + N))). Returns (N, goodput of every N considered)."""
+    (draft_s + t_verify(rows * (1 + N)) + t_commit extra where N > 0). Returns (N, goodput of
+    every N considered)."""
     n_max = p_BN.shape[1] if cap is None else min(p_BN.shape[1], max(cap, 0))
     active = active_B.to(torch.bool).cpu()
     gain = p_BN[active].sum(0).cumsum(0).tolist() if n_max else []  # expected accepted drafts, first N nodes
     n_active = int(active.sum())
+    extra = cost.commit_extra()
     rates = []
     for n in range(n_max + 1):
         value = n_active + (gain[n - 1] if n else 0.0)
-        seconds = (draft_s if n else 0.0) + cost.verify_s(rows * (1 + n))
+        seconds = (draft_s + extra if n else 0.0) + cost.verify_s(rows * (1 + n))
         rates.append(value / seconds if seconds > 0 else math.inf * (value > 0))
     best = max(range(len(rates)), key=lambda n: (rates[n], -n))  # ties: the smaller tree
     return best, rates
@@ -144,7 +164,7 @@ class GoodputPolicy:
     and the value curves current. Where no draft pays (plan says 0), a full-depth probe still runs
     after a pause that doubles up to `max_pause` steps."""
 
-    def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 32, alpha: float = 0.1):
+    def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1):
         self.cost, self.acceptance = CostModel(), AcceptanceModel()
         self.budget, self.depth, self.alpha = budget, depth, alpha
         self.explore = [budget, 0, max(1, budget // 2), max(1, budget // 4)]
@@ -164,7 +184,11 @@ class GoodputPolicy:
 
     def plan(self, n_active: int, rows: int) -> int:
         """The draft depth for this step (0: decode one token, AR)."""
-        if self._exploring() is not None or not self.cost.ready or self.value[self.depth] is None:
+        k = self._exploring()
+        # a periodic re-exploration while AR is chosen would be a probe as well: the probe's
+        # doubling pause decides when to look again
+        if not self.cost.ready or self.value[self.depth] is None or (
+                k is not None and (self.steps < len(self.explore) or self.idle == 0)):
             d = self.depth
         else:
             d = self._best_depth(n_active, rows)
@@ -183,7 +207,7 @@ class GoodputPolicy:
             v = self.value[d]
             if v is None:
                 continue
-            draft = d * self.cost.draft_per_depth + a + b * rows
+            draft = d * self.cost.draft_per_depth + self.cost.commit_extra() + a + b * rows
             rate = max(n_active * (1 + v[n]) / (draft + b * rows * n) for n in range(1, len(v)))
             if rate > best_rate:
                 best, best_rate = d, rate
@@ -250,4 +274,5 @@ class GoodputPolicy:
         return {"steps": self.steps, "nodes": sum(self.chosen), "depth": sum(self.depths),  # additive
                 "predicted_accepted": self.predicted, "observed_accepted": self.accepted,
                 "verify_ms_intercept": 1e3 * a, "verify_ms_per_token": 1e3 * b,  # the current fit
-                "draft_ms_per_depth": 1e3 * self.cost.draft_per_depth}
+                "draft_ms_per_depth": 1e3 * self.cost.draft_per_depth,
+                "commit_extra_ms": 1e3 * self.cost.commit_extra()}

@@ -56,6 +56,20 @@ def test_the_choice_is_the_brute_force_optimum():
         assert brute[n] == pytest.approx(max(brute)), (a, b, draft)
 
 
+def test_committing_a_tree_costs_what_it_measured_beyond_an_ar_commit():
+    cm = _cost(0.01, 0.0)  # verification free per token: the full tree, while commits cost alike
+    assert cm.commit_extra() == 0.0
+    cm.observe_commit(True, 0.004)
+    assert cm.commit_extra() == 0.0  # only one side measured yet
+    for _ in range(50):
+        cm.observe_commit(True, 0.030)   # feeding the accepted tokens to a drafter as costly as the target
+        cm.observe_commit(False, 0.001)  # an AR step: the drafter waits
+    assert cm.commit_extra() == pytest.approx(0.029, rel=1e-3)
+    n, rates = choose_nodes(P, ACTIVE, rows=2, cost=cm)
+    brute = [(2 + float(P[:, :k].sum())) / (0.01 + (0.029 if k else 0.0)) for k in range(7)]
+    assert n == 0 and rates == pytest.approx(brute, rel=1e-3)  # (2 + 3.65) / 0.039 < 2 / 0.01
+
+
 def test_never_more_than_the_cap_and_inactive_rows_count_nothing():
     n, rates = choose_nodes(P, ACTIVE, rows=2, cost=_cost(0.01, 0.0), cap=3)
     assert n == 3 and len(rates) == 4
