@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from jobs.lib.storage import Storage, join
 from jobs.run_batches import RunBatchesConfig, main
 from spec_core.reference.tasks import make_split
 from spec_core.reference.vlm.build import build_target
+from tests.procs import kill_session
 
 REPO = Path(__file__).resolve().parents[2]
 N_KILL = 48  # samples (one per shard) of the batch that is killed
@@ -88,7 +88,7 @@ def test_a_scheduler_killed_mid_batch_is_finished_by_the_next_run(world, tmp_pat
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None and len(list(markers.glob("*.json"))) < 1:
         time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_session(proc.pid)  # the scheduler, its job and their Ray, actors included: none commits later
     proc.wait()
     before = {p.name: p.read_bytes() for p in markers.glob("*.json")}
     assert 1 <= len(before) < N_KILL, "killed part-way"

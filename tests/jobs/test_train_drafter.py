@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from jobs.lib.artifact_store import read_kind
 from jobs.lib.storage import Storage, join
 from jobs.lib.train_loop import plan_steps
 from jobs.train_drafter import DrafterSection, LossSection, TrainDrafterConfig, main
+from tests.procs import kill_session
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -223,31 +223,6 @@ def test_a_killed_run_resumes_at_its_last_checkpoint(world, tmp_path):
         yaml.safe_load((REPO / "manifests/jobs/train_drafter.yaml").read_text())).train.lr
     lr = schedule(total=24, warmup=3, max_lr=yaml_lr)  # the YAML's peak; warmup: 10% of the updates
     assert [r["lr"] for r in log] == pytest.approx([lr[r["step"]] for r in log])  # the schedule resumed too
-
-
-def kill_session(sid: int) -> None:
-    """SIGKILL every process of a session (the job was started with start_new_session): Ray's
-    actors run in process groups of their own, and a surviving one could still checkpoint."""
-    def pids() -> list[int]:
-        out = []
-        for entry in Path("/proc").iterdir():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if entry.name.isdigit() and int(fields[3]) == sid and fields[0] != "Z":  # state, ppid, pgrp, session
-                out.append(int(entry.name))
-        return out
-
-    deadline = time.time() + 30
-    while (alive := pids()) and time.time() < deadline:
-        for pid in alive:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.2)
-    assert not pids()
 
 
 def schedule(total: int, warmup: int, max_lr: float) -> dict[int, float]:
