@@ -202,12 +202,13 @@ class GoodputPolicy:
 
     def _best_depth(self, n_active: int, rows: int) -> int:
         a, b = self.cost.coefficients()  # t_verify(T) = a + b T, read once for every candidate
+        fixed = self.cost.commit_extra() + a + b * rows  # any drafting step, besides its depth and nodes
         best, best_rate = 0, n_active / max(a + b * rows, 1e-12)
         for d in range(1, self.depth + 1):
             v = self.value[d]
             if v is None:
                 continue
-            draft = d * self.cost.draft_per_depth + self.cost.commit_extra() + a + b * rows
+            draft = d * self.cost.draft_per_depth + fixed
             rate = max(n_active * (1 + v[n]) / (draft + b * rows * n) for n in range(1, len(v)))
             if rate > best_rate:
                 best, best_rate = d, rate
