@@ -91,7 +91,7 @@ class GenerateWorker:
         from jobs.lib.model_cache import local_model_dir
         from spec_core.decoding import SamplingConfig, load_drafter
         from spec_core.targets import load_target
-        from spec_core.targets.encode import load_image_encoder
+        from spec_core.targets import load_image_encoder
 
         torch.set_num_threads(max(1, cpu_threads))
         target_path = local_model_dir(target_path, storage)  # s3://: downloaded once per node

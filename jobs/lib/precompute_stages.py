@@ -62,7 +62,7 @@ class EncodeShard:
 
     def __init__(self, manifest_uri: str, target_path: str, storage: StorageConfig, max_length: int | None):
         from jobs.lib.model_cache import local_model_dir
-        from spec_core.targets.encode import load_image_encoder
+        from spec_core.targets import load_image_encoder
 
         self.store, self.max_length = Storage(storage), max_length
         self.manifest = pq.read_table(io.BytesIO(self.store.read_bytes(manifest_uri)))
@@ -273,7 +273,7 @@ class SelfDistill:
                  max_positions: int | None = None):
         from transformers import GenerationConfig
 
-        from spec_core.targets.encode import load_image_encoder
+        from spec_core.targets import load_image_encoder
 
         self.model, self.pad_id, self.batch_size = model, pad_id, batch_size
         self.max_new, self.max_positions = max_new_tokens, max_positions

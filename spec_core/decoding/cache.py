@@ -1,15 +1,20 @@
-"""A preallocated KV cache where every batch row (slot) has its own length.
+"""A KV cache where every batch row (slot) has its own length.
 
 Speculative decoding at batch B > 1 commits a different number of tokens per sample per step, so
 one shared cache length (HF's DynamicCache / StaticCache) does not fit. `RaggedCache` keeps
-(B, H, L_max, hd) buffers per layer; before each forward the engine says where each row's new
+(B, H, L, hd) buffers per layer; before each forward the engine says where each row's new
 tokens go (`plan`), the attention layers write there through the standard `Cache.update` hook and
 read the buffers up to the longest row (a view, no copy); the engine's explicit 4-D mask says which
 of those keys each query sees. After verification `keep` moves each row's accepted tree entries
-next to its prefix; everything past a row's length is scratch, overwritten by later writes. Nothing
-grows per step: memory is fixed at allocation.
+next to its prefix; everything past a row's length is scratch, overwritten by later writes.
 
-Shapes: B slots, H kv heads, L capacity, hd head dim, S new tokens per row, K keys read.
+Writes and moves go through one flat row index per forward (`index_copy_` on a (B*H*L, hd) view,
+built once and shared by every layer) rather than an advanced-index scatter per layer. The
+buffers start at what the first forward needs and double when a plan reads past them, up to
+`capacity` (an engine sized for long answers does not zero-fill memory short ones never use).
+
+Shapes: B slots, H kv heads, L allocated slots (<= capacity), hd head dim, S new tokens per row,
+K keys read, A moved entries per row.
 """
 
 from __future__ import annotations
@@ -17,15 +22,35 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+MIN_ALLOC = 64  # slots per row allocated at first
+
+
+def flat_rows(slots_BS: torch.Tensor, heads: int, length: int) -> torch.Tensor:
+    """Row indices into a (B*H*L, hd) view of a (B, H, L, hd) buffer for entries (b, h, slots[b, s]),
+    ordered like a (B, H, S, hd) tensor reshaped to (B*H*S, hd): (B*H*S,) long."""
+    B = slots_BS.shape[0]
+    dev = slots_BS.device
+    base_BH1 = (torch.arange(B, device=dev)[:, None, None] * heads + torch.arange(heads, device=dev)[None, :, None]) * length
+    return (base_BH1 + slots_BS[:, None, :]).reshape(-1)
+
 
 class _Plan:
     """Where the next forward writes: write_BS (slot positions per row) and how many keys it reads;
-    `start` when every row writes the same slots start, start + 1, ... (one slice, no scatter)."""
+    `start` when every row writes the same slots start, start + 1, ... (one slice, no index).
+    `alloc`: slots per row allocated in every layer; `flat`: the write index for (heads, alloc),
+    built by the first layer that writes and reused by the others."""
 
     def __init__(self):
         self.write_BS: torch.Tensor | None = None
         self.kv_len = 0
         self.start: int | None = None
+        self.alloc = 0
+        self.flat: tuple[tuple[int, int], torch.Tensor] | None = None
+
+    def flat_index(self, heads: int, length: int) -> torch.Tensor:
+        if self.flat is None or self.flat[0] != (heads, length):
+            self.flat = ((heads, length), flat_rows(self.write_BS, heads, length))
+        return self.flat[1]
 
 
 class RaggedLayer(CacheLayerMixin):
@@ -41,23 +66,36 @@ class RaggedLayer(CacheLayerMixin):
         if B != self.batch:
             raise ValueError(f"RaggedCache has {self.batch} rows, the forward has {B}")
         self.device = key_states.device
-        self.keys = torch.zeros(B, H, self.capacity, hd, dtype=key_states.dtype, device=self.device)
-        self.values = torch.zeros(B, H, self.capacity, value_states.shape[-1], dtype=value_states.dtype,
-                                  device=self.device)
+        L = max(self.plan.alloc, 1)
+        self.keys = torch.zeros(B, H, L, hd, dtype=key_states.dtype, device=self.device)
+        self.values = torch.zeros(B, H, L, value_states.shape[-1], dtype=value_states.dtype, device=self.device)
         self.is_initialized = True
+
+    def grow(self, length: int) -> None:
+        """Reallocate to `length` slots per row, keeping what is there (zeros past it: the
+        masked-out keys and values of scratch slots must be finite)."""
+        if not self.is_initialized or self.keys.shape[2] >= length:
+            return
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros(old.shape[0], old.shape[1], length, old.shape[3])
+            new[:, :, : old.shape[2]] = old
+            setattr(self, name, new)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         p = self.plan
+        self.grow(p.alloc)
         if p.start is not None:  # every row writes the same consecutive slots: a slice copy
             S = key_states.shape[2]
             self.keys[:, :, p.start: p.start + S] = key_states
             self.values[:, :, p.start: p.start + S] = value_states
         else:
-            rows_B1 = torch.arange(self.batch, device=self.device)[:, None]
-            self.keys[rows_B1, :, p.write_BS] = key_states.transpose(1, 2)      # (B, S, H, hd) into row slots
-            self.values[rows_B1, :, p.write_BS] = value_states.transpose(1, 2)
+            B, H, L, hd = self.keys.shape
+            idx = p.flat_index(H, L)
+            self.keys.view(-1, hd).index_copy_(0, idx, key_states.reshape(-1, hd))
+            self.values.view(-1, self.values.shape[-1]).index_copy_(0, idx, value_states.reshape(-1, value_states.shape[-1]))
         K = p.kv_len
         return self.keys[:, :, :K], self.values[:, :, :K]
 
@@ -79,6 +117,14 @@ class RaggedCache(Cache):
         super().__init__(layers=[RaggedLayer(batch, capacity, self._plan) for _ in range(num_layers)])
         self.batch, self.capacity = batch, capacity
 
+    def _reserve(self, n: int) -> None:
+        """At least n slots per row allocated (doubling, at most capacity)."""
+        p = self._plan
+        if n > p.alloc:
+            p.alloc = min(self.capacity, max(n, 2 * p.alloc, MIN_ALLOC))
+            for layer in self.layers:
+                layer.grow(p.alloc)
+
     def plan(self, write_BS: torch.Tensor | None, kv_len: int | None = None, start: int | None = None) -> None:
         """The next forward writes its S tokens of row b at slots write_BS[b] and reads keys
         [0, kv_len) (default: just past the furthest write). With `start`, every row writes slots
@@ -88,29 +134,37 @@ class RaggedCache(Cache):
             kv_len = int(write_BS.max()) + 1
         if kv_len > self.capacity:
             raise ValueError(f"cache capacity {self.capacity} exceeded (write at {kv_len - 1})")
-        self._plan.write_BS, self._plan.kv_len, self._plan.start = write_BS, kv_len, start
+        self._reserve(kv_len)
+        self._plan.write_BS, self._plan.kv_len, self._plan.start, self._plan.flat = write_BS, kv_len, start, None
 
     def load(self, row: int, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Put one sample's prefix KV (per layer (1, H, n, hd) pairs, e.g. from a DynamicCache after
         a batch-1 prefill) at slots [0, n) of `row`."""
+        n = keys_values[0][0].shape[-2] if keys_values else 0
+        if n > self.capacity:
+            raise ValueError(f"a prefix of {n} tokens does not fit the cache capacity {self.capacity}")
+        self._reserve(n)
         for layer, (k, v) in zip(self.layers, keys_values):
             if not layer.is_initialized:
                 shape = (self.batch, k.shape[1], 1, k.shape[-1])
                 layer.lazy_initialization(k.new_zeros(shape), v.new_zeros(shape[:-1] + (v.shape[-1],)))
-            n = k.shape[-2]
-            if n > self.capacity:
-                raise ValueError(f"a prefix of {n} tokens does not fit the cache capacity {self.capacity}")
             layer.keys[row, :, :n] = k[0]
             layer.values[row, :, :n] = v[0]
 
     def keep(self, src_BA: torch.Tensor, dst_BA: torch.Tensor) -> None:
         """Per row, copy slots src_BA[b, i] to dst_BA[b, i] (all sources read before any write;
         rows pad with src == dst, so a step that accepted no draft anywhere need not call this)."""
-        rows_B1 = torch.arange(self.batch, device=src_BA.device)[:, None]
+        index = None
         for layer in self.layers:
-            if layer.is_initialized:
-                layer.keys[rows_B1, :, dst_BA] = layer.keys[rows_B1, :, src_BA]
-                layer.values[rows_B1, :, dst_BA] = layer.values[rows_B1, :, src_BA]
+            if not layer.is_initialized:
+                continue
+            B, H, L, _ = layer.keys.shape
+            if index is None or index[0] != (H, L):
+                index = ((H, L), flat_rows(src_BA, H, L), flat_rows(dst_BA, H, L))
+            _, src, dst = index
+            for buf in (layer.keys, layer.values):
+                flat = buf.view(-1, buf.shape[-1])
+                flat.index_copy_(0, dst, flat.index_select(0, src))
 
     def select_rows(self, rows_R: torch.Tensor) -> None:
         """Keep only rows `rows_R`, in that order (e.g. drop finished samples from a batch)."""
@@ -121,7 +175,7 @@ class RaggedCache(Cache):
         self.batch = len(rows_R)
 
     def nbytes(self) -> int:
-        """Bytes held by the allocated buffers (fixed once allocated)."""
+        """Bytes held by the allocated buffers (they grow by doubling, up to capacity)."""
         return sum(t.numel() * t.element_size() for layer in self.layers if layer.is_initialized
                    for t in (layer.keys, layer.values))
 

@@ -1,8 +1,9 @@
 """The target's next-token rule, identical for AR and speculative decoding.
 
-Logits are processed in HF `generate`'s order - temperature, then top-k, then top-p - so that
-sampled outputs follow the distribution HF's sampling defines; greedy is the argmax of the raw
-logits. Shapes: `...` any leading dims, V vocabulary.
+Logits are processed by HF `generate`'s warpers - temperature, then top-k, then top-p, the
+one implementation in `spec_core.sampling` - so that sampled outputs follow the distribution HF's
+sampling defines; greedy (do_sample False) is the argmax of the raw logits.
+Shapes: `...` any leading dims, V vocabulary.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from spec_core.decoding import noise
+from spec_core.sampling import warp_logits
 
 
 @dataclass(frozen=True)
@@ -29,27 +31,8 @@ class SamplingConfig:
 
 
 def processed_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """Temperature, top-k, top-p (HF's warper semantics); masked entries are -inf."""
-    z = logits.float() / cfg.temperature
-    if cfg.top_k and cfg.top_k < z.shape[-1]:
-        kth = z.topk(cfg.top_k, dim=-1).values[..., -1:]
-        z = z.masked_fill(z < kth, float("-inf"))
-    if cfg.top_p < 1.0:
-        # HF: drop the lowest-probability tokens whose cumulative mass (ascending) <= 1 - top_p,
-        # always keeping at least one
-        sorted_z, idx = z.sort(dim=-1, descending=False)
-        cum = sorted_z.softmax(-1).cumsum(-1)
-        drop_sorted = cum <= 1.0 - cfg.top_p
-        drop_sorted[..., -1] = False
-        z = z.masked_fill(drop_sorted.scatter(-1, idx, drop_sorted), float("-inf"))
-    return z
-
-
-def target_distribution(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """The distribution the target samples from (a one-hot on the argmax when greedy)."""
-    if not cfg.do_sample:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    return processed_logits(logits, cfg).softmax(-1)
+    """Temperature, top-k, top-p (HF's warpers, `spec_core.sampling`); masked entries are -inf."""
+    return warp_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
 
 
 def choose_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None,

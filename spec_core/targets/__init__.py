@@ -14,10 +14,11 @@ from transformers import (AutoConfig, LlavaConfig, LlavaForConditionalGeneration
 
 from spec_core.targets.base import (PrefillOutput, TargetAdapter, pack_visual, position_limit, position_overflow,
                                     text_position_ids)
+from spec_core.targets.encode import ImageEncoder, ProcessorImageEncoder
 from spec_core.targets.entropy import LayerChoice, MinEntropyLayer, searched_layers
 from spec_core.targets.llava import LlavaAdapter
 from spec_core.targets.llava_next import LlavaNextAdapter
-from spec_core.targets.qwen2_5_vl import Qwen2_5_VLAdapter
+from spec_core.targets.qwen2_5_vl import Qwen2_5_VLAdapter, Qwen2_5_VLImageEncoder
 
 # config class -> (model class, adapter class)
 TARGETS = {
@@ -25,6 +26,9 @@ TARGETS = {
     LlavaNextConfig: (LlavaNextForConditionalGeneration, LlavaNextAdapter),
     Qwen2_5_VLConfig: (Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLAdapter),
 }
+# config class -> image encoder (images -> model inputs without the model, `encode.ImageEncoder`)
+ENCODERS = {LlavaConfig: ProcessorImageEncoder, LlavaNextConfig: ProcessorImageEncoder,
+            Qwen2_5_VLConfig: Qwen2_5_VLImageEncoder}
 
 
 def adapter_for(model: PreTrainedModel) -> TargetAdapter:
@@ -47,6 +51,14 @@ def target_identity(path: str | Path) -> dict:
             "hidden_size": text.get("hidden_size"), "vocab_size": text.get("vocab_size")}
 
 
+def load_image_encoder(directory: str | Path) -> ImageEncoder:
+    """The image encoder of a saved target, chosen by its config class (never by its name)."""
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    if type(config) not in ENCODERS:
+        raise ValueError(f"{directory} holds a {config.model_type!r} model; no image encoder for it")
+    return ENCODERS[type(config)](directory, config)
+
+
 def load_target(path: str | Path, dtype: torch.dtype | None = None,
                 device: str | torch.device | None = None) -> TargetAdapter:
     """Load a saved target from a local directory (never a hub id), frozen in eval mode."""
@@ -67,6 +79,6 @@ def load_target(path: str | Path, dtype: torch.dtype | None = None,
 
 
 __all__ = ["LayerChoice", "LlavaAdapter", "LlavaNextAdapter", "MinEntropyLayer", "PrefillOutput",
-           "Qwen2_5_VLAdapter", "TARGETS", "TargetAdapter", "adapter_for", "load_target",
+           "Qwen2_5_VLAdapter", "TARGETS", "TargetAdapter", "adapter_for", "load_image_encoder", "load_target",
            "pack_visual", "position_limit", "position_overflow", "searched_layers", "target_identity",
            "text_position_ids"]

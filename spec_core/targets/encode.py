@@ -12,7 +12,7 @@ Image placeholders stay one token each in the template; `expand_image_tokens` th
 i-th one counts[i] times (one per projected visual token, as the HF processors do), carrying the
 mask along, and `align_to_expanded` maps a mask onto ids a processor has already expanded.
 
-Images -> model inputs without the model: `load_image_encoder(directory)` picks, by the saved
+Images -> model inputs without the model: `spec_core.targets.load_image_encoder(directory)` picks, by the saved
 config's class, an encoder giving the tokenizer, the text that stands for one image, the image
 arrays and the placeholder count per image (`ImageInputs`), and the per-token inputs `generate`
 needs. LLaVA and LLaVA-NeXT use their saved HF processor (`ProcessorImageEncoder`); Qwen2.5-VL's
@@ -184,7 +184,7 @@ class ImageInputs(NamedTuple):
 
 
 class ImageEncoder(Protocol):
-    """What the CPU stage needs from a target directory (chosen by `load_image_encoder`)."""
+    """What the CPU stage needs from a target directory (chosen by `spec_core.targets.load_image_encoder`)."""
 
     tokenizer: PreTrainedTokenizerBase
     image_token_id: int
@@ -219,20 +219,6 @@ class ProcessorImageEncoder:
 
     def token_inputs(self, input_ids_BT: torch.Tensor) -> dict[str, torch.Tensor]:
         return {}
-
-
-def load_image_encoder(directory: str | Path) -> ImageEncoder:
-    """The image encoder of a saved target, chosen by its config class (never by its name)."""
-    from transformers import AutoConfig, LlavaConfig, LlavaNextConfig, Qwen2_5_VLConfig
-
-    from spec_core.targets.qwen2_5_vl import Qwen2_5_VLImageEncoder  # imports this module: not at the top
-
-    encoders = {LlavaConfig: ProcessorImageEncoder, LlavaNextConfig: ProcessorImageEncoder,
-                Qwen2_5_VLConfig: Qwen2_5_VLImageEncoder}
-    config = AutoConfig.from_pretrained(directory, local_files_only=True)
-    if type(config) not in encoders:
-        raise ValueError(f"{directory} holds a {config.model_type!r} model; no image encoder for it")
-    return encoders[type(config)](directory, config)
 
 
 def collate_image_inputs(per_sample: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:

@@ -196,7 +196,8 @@ def test_samples_beyond_the_position_table_are_rejected(world, ray_local, tmp_pa
     response_source target, a conversation whose turn-1 prompt plus max_new_tokens is beyond it is
     rejected at that turn before generating it. The other samples of the shard are written."""
     from jobs.lib.precompute_stages import encode_row
-    from spec_core.targets.encode import assistant_spans, load_image_encoder
+    from spec_core.targets import load_image_encoder
+    from spec_core.targets.encode import assistant_spans
     from tests.jobs.worlds import short_table_target
 
     root, samples, manifest = world

@@ -19,8 +19,9 @@ from jobs.lib.artifact_store import SAMPLES_SCHEMA, VISUAL_SCHEMA, read_kind
 from jobs.lib.storage import Storage
 from jobs.precompute import PrecomputeConfig, main
 from spec_core.targets import load_target
+from spec_core.targets import load_image_encoder
 from spec_core.targets.artifacts import from_16bit
-from spec_core.targets.encode import assistant_spans, load_image_encoder
+from spec_core.targets.encode import assistant_spans
 from tests.spec_core.targets.conftest import IMAGE, brute_force_entropy
 from tests.spec_core.targets.saved_targets import (END, IM_END, conversation, png, save_llava_next, save_qwen,
                                                     word_ids)

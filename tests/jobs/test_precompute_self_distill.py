@@ -155,7 +155,7 @@ def test_qwen_answers_use_three_axis_positions(tmp_path):
     from jobs.lib.precompute_stages import SelfDistill, encode_row
     from jobs.lib.storage import Storage
     from spec_core.targets import load_target
-    from spec_core.targets.encode import load_image_encoder
+    from spec_core.targets import load_image_encoder
     from tests.spec_core.targets.saved_targets import save_qwen
 
     target = save_qwen(tmp_path / "qwen")

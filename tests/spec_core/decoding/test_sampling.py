@@ -12,9 +12,9 @@ import torch
 from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
 from spec_core.decoding import DecodeEngine, Request, SamplingConfig, TreeConfig
-from spec_core.decoding.sampling import processed_logits
 from spec_core.fovea import DraftSample, FoveaDrafter, collate, drafter_loss
 from spec_core.targets import adapter_for
+from tests.hf_warpers import hf_warp
 
 V, IMAGE, NEW = 7, 6, 3  # six text tokens, one image token; continuations of three tokens
 
@@ -50,7 +50,7 @@ def exact_distribution(model, inputs: dict, cfg: SamplingConfig) -> dict[tuple, 
                 logits = model(input_ids=torch.tensor([prefix]), cache=cache).logits[0, -1]
             else:
                 logits = prompt.logits[0, -1]
-            q = processed_logits(logits, cfg).softmax(-1).double()
+            q = hf_warp(logits, cfg.temperature, cfg.top_k, cfg.top_p).softmax(-1).double()  # HF's warpers
             for y in range(V):
                 nxt[prefix + (y,)] = p * float(q[y])
         probs = nxt

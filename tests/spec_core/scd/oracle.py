@@ -9,7 +9,7 @@ from collections import Counter
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spec_core.scd.processing import processed_probs
+from tests.hf_warpers import hf_probs
 
 
 def tiny_lm(vocab: int = 4, seed: int = 0, sharpen: float = 4.0, layers: int = 2) -> LlamaForCausalLM:
@@ -39,7 +39,7 @@ def exact_distribution(model, prompt: list[int], n_new: int, uncond: list[int] |
                 continue
             logits = model(torch.tensor([prompt + list(prefix)])).logits[0, -1]
             lu = model(torch.tensor([uncond + list(prefix)])).logits[0, -1] if uncond else None
-            p = processed_probs(logits, lu, cfg_scale, temperature, top_k, top_p, allowed)
+            p = hf_probs(logits, lu, cfg_scale, temperature, top_k, top_p, allowed)
             if forced is not None and forced[i] >= 0:
                 p = torch.zeros(V)
                 p[forced[i]] = 1.0

@@ -9,10 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from spec_core.targets import load_target
+from spec_core.targets import load_image_encoder, load_target
 from spec_core.targets.base import pad_left
 from spec_core.targets.encode import (MANIFEST_IMAGE, ProcessorImageEncoder, assistant_spans, collate_image_inputs,
-                                      encode_with_mask, expand_image_tokens, load_image_encoder, splice_answer)
+                                      encode_with_mask, expand_image_tokens, splice_answer)
 from spec_core.targets.qwen2_5_vl import Qwen2_5_VLImageEncoder
 from tests.spec_core.targets.conftest import IMAGE
 from tests.spec_core.targets.saved_targets import (VISION_END, VISION_START, conversation, png, save_llava_next,
