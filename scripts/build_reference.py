@@ -112,6 +112,17 @@ def build(size: str, seed: int, stage: Path) -> dict:
         log("evaluating the generator ...")
         return m | evaluate_generator(str(stage / "generator"), gcfg)
 
+    def generator() -> dict:
+        import transformers
+
+        log(f"generator: codec, image LM ({gcfg.image_lm.steps} steps)"
+            + (f", video LM ({gcfg.video_lm.steps} steps)" if gcfg.video_lm is not None else "") + " ...")
+        transformers.utils.logging.enable_progress_bar()  # the LM steps' bars (transformers' tqdm)
+        try:
+            return build_generator(gcfg, str(stage / "generator"), progress=True)
+        finally:
+            transformers.utils.logging.disable_progress_bar()
+
     memo: dict[str, list[dict]] = {}
 
     def train() -> list[dict]:  # rendered once per call, only if a stage needs them
@@ -122,7 +133,7 @@ def build(size: str, seed: int, stage: Path) -> dict:
     steps = {
         "data": lambda: write_data(stage, size, seed, train()),
         "target": lambda: build_target(size, str(stage / "target"), seed, train(), log=log, progress=tqdm),
-        "generator": lambda: build_generator(gcfg, str(stage / "generator"), progress=True),
+        "generator": generator,
         "evaluate": evaluate,
     }
     metrics: dict = {"size": size, "seed": seed}

@@ -38,8 +38,8 @@ else
   EPOCHS=2
   GEN_LIMIT=10            # evaluation samples per task
   IMG_LIMIT=8
-  BUILD_MIN=90; JOBS_MIN=30  # build: data + target 51 min measured, generator ~30 (fp32 steps), evaluation
-  ETA=(1 1 5 16 4 3)
+  BUILD_MIN=75; JOBS_MIN=30  # measured from a fresh clone: build 73 min (target 53, generator 18), jobs 28.6 min
+  ETA=(1 1 4 16 4 5)
 fi
 REFERENCE="${REFERENCE:-runs/reference/$WORLD}"
 RID="reference-$WORLD"

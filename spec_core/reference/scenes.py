@@ -251,15 +251,3 @@ def describe_motion(frames: list[Scene]) -> str:
         move = _direction(b.xy[0] - a.xy[0], b.xy[1] - a.xy[1])
         parts.append(f"a {object_phrase(a)} {CELL_PHRASES[a.cell]} moving {move}")
     return f"{join_phrases(parts)} on a {frames[0].background} background"
-
-
-_DRAWING_NAMES = {"render", "render_video", "patch_labels", "dominant_colour",
-                  "scene_dominant_colour"}
-
-
-def __getattr__(name: str) -> Any:
-    # Lazy re-export: drawing.py imports this module, so a top-level import would be circular.
-    if name in _DRAWING_NAMES:
-        from spec_core.reference import drawing
-        return getattr(drawing, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -48,7 +48,7 @@ from spec_core.decoding import noise
 from spec_core.scd.adapters.base import ImageLayout, VisualLM
 from spec_core.scd.config import ScdConfig
 from spec_core.scd.coupling import gumbel_argmax, mrs, sample_inverse_cdf
-from spec_core.scd.processing import entropy_nats, processed_probs
+from spec_core.sampling import entropy_nats, processed_probs
 from spec_core.scd.window import WindowChooser
 
 

@@ -3,14 +3,14 @@ patch codec, one word + image-code vocabulary, Llama image/video LMs, a cached C
 
 from spec_core.reference.generator.build import (GeneratorBuildConfig, build_generator,
                                                  evaluate_generator)
-from spec_core.reference.generator.bundle import GeneratorBundle, load_generator
+from spec_core.reference.generator.bundle import GeneratorBundle, SamplingConfig, load_generator
 from spec_core.reference.generator.codec import PatchCodec, fit_codec, pil_to_tensor, tensor_to_pil
 from spec_core.reference.generator.data import SceneSpec, image_prompt
 from spec_core.reference.generator.layout import (MAX_ROWS, SAMPLE, GeneratorLayout,
                                                   build_tokenizer, code_positions, encode_prompt,
                                                   image_prefix, image_template, video_prefix,
                                                   video_template)
-from spec_core.reference.generator.sample import (SamplingConfig, generate_images, generate_video,
+from spec_core.reference.generator.sample import (generate_images, generate_video,
                                                   left_pad, positions_from_mask, prefix_rows,
                                                   processed_probs, sample_codes)
 from spec_core.reference.generator.train import LMSpec

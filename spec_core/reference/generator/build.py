@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spec_core.reference.generator.bundle import (IMAGE_LM, VIDEO_LM, GeneratorBundle,
+from spec_core.reference.generator.bundle import (IMAGE_LM, VIDEO_LM, GeneratorBundle, SamplingConfig,
                                                   load_generator, save_assets, save_model_dir,
                                                   write_json)
 from spec_core.reference.generator.codec import PatchCodec, fit_codec, pil_to_tensor, psnr
@@ -18,7 +18,6 @@ from spec_core.reference.generator.data import SceneSpec, image_example, video_e
 from spec_core.reference.generator.evaluate import evaluate_bundle
 from spec_core.reference.generator.layout import (GeneratorLayout, build_tokenizer, image_template,
                                                   make_layout, video_template)
-from spec_core.reference.generator.sample import SamplingConfig
 from spec_core.reference.generator.train import (Batch, LMSpec, image_batch,
                                                  init_code_embeddings, make_llama_config,
                                                  new_model, train_lm, video_batch)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +12,29 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from spec_core.reference.generator.codec import CODEC_CONFIG, PatchCodec
 from spec_core.reference.generator.layout import (GeneratorLayout, load_generator_config,
                                                   save_generator_config)
-from spec_core.reference.generator.sample import SamplingConfig
 
 IMAGE_LM = "image_lm"
 VIDEO_LM = "video_lm"
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the verified distribution is built: CFG scale, temperature, top-k (0 = off), top-p."""
+
+    temperature: float = 1.0
+    top_k: int = 100
+    top_p: float = 1.0
+    cfg_scale: float = 3.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (for generator_config.json)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SamplingConfig":
+        """Inverse of `to_dict`."""
+        return cls(float(d["temperature"]), int(d["top_k"]), float(d["top_p"]),
+                   float(d["cfg_scale"]))
 
 
 @dataclass

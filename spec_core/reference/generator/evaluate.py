@@ -12,12 +12,11 @@ import torch
 from PIL import Image
 
 from spec_core.reference.drawing import dominant_colour
-from spec_core.reference.generator.bundle import GeneratorBundle
+from spec_core.reference.generator.bundle import GeneratorBundle, SamplingConfig
 from spec_core.reference.generator.codec import pil_to_tensor, psnr
 from spec_core.reference.generator.data import (SceneSpec, heldout_prompts, image_example,
                                                 largest_object_colour, video_example)
-from spec_core.reference.generator.sample import (SamplingConfig, decode_images, decode_videos,
-                                                  sample_codes)
+from spec_core.reference.generator.sample import decode_images, decode_videos, sample_codes
 from spec_core.reference.generator.train import heldout_nll, image_batch, video_batch
 from spec_core.reference.vocab import BACKGROUNDS
 

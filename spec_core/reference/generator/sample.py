@@ -5,40 +5,17 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
 
 import torch
 from PIL import Image
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerFast
 
-from spec_core.scd.processing import entropy_nats, processed_probs
+from spec_core.reference.generator.bundle import GeneratorBundle, SamplingConfig
 from spec_core.reference.generator.layout import (SAMPLE, GeneratorLayout, encode_prompt,
                                                   image_prefix, image_template, video_prefix,
                                                   video_template)
-
-if TYPE_CHECKING:
-    from spec_core.reference.generator.bundle import GeneratorBundle
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """How the verified distribution is built: CFG scale, temperature, top-k (0 = off), top-p."""
-
-    temperature: float = 1.0
-    top_k: int = 100
-    top_p: float = 1.0
-    cfg_scale: float = 3.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (for generator_config.json)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SamplingConfig":
-        """Inverse of `to_dict`."""
-        return cls(float(d["temperature"]), int(d["top_k"]), float(d["top_p"]),
-                   float(d["cfg_scale"]))
+from spec_core.sampling import entropy_nats, processed_probs
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,10 +11,11 @@ def _row(text: str, key: str) -> str:
 
 def test_a_default_small_build_meets_its_bars_and_says_why_they_sit_there():
     m = {"size": "small", "seed": 0, "exact_match_general_vqa": 0.66, "image_prompt_following_cfg": 0.48,
-         "image_dependence": 0.85}
+         "image_dependence": 0.85, "image_entropy_default": 1.45}
     text = render_report(m)
     assert _row(text, "exact_match_general_vqa").endswith("| yes |")
     assert _row(text, "image_prompt_following_cfg").endswith("| yes |")
+    assert _row(text, "image_entropy_default").endswith("| yes |")  # the 2026-12-02 build's figure
     assert _row(text, "image_dependence").endswith("| NO |")  # below its bar: said so
     assert "Why these bars:" in text and all(f"- `{k}`: " in text for k in BAR_REASONS)
     assert set(BAR_REASONS) <= set(BARS)
