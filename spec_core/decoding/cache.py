@@ -85,8 +85,7 @@ class RaggedLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        p = self.plan
-        self.grow(p.alloc)
+        p = self.plan  # RaggedCache.plan grew every allocated layer to p.alloc already
         if p.start is not None:  # every row writes the same consecutive slots: a slice copy
             S = key_states.shape[2]
             self.keys[:, :, p.start: p.start + S] = key_states
