@@ -138,7 +138,7 @@ class GenerateConfig(JobConfig):
             raise ValueError("compare lists a method twice")
         return self
 
-    def computing(self) -> "GenerateConfig":
+    def computing(self) -> GenerateConfig:
         """Only the compared methods determine the outputs."""
         return self.model_copy(update={"methods": {n: self.methods[n] for n in self.compare}})
 
@@ -184,6 +184,8 @@ def _budget(m: MethodSection) -> int:
 def check_drafters(cfg: GenerateConfig, ident: dict, store: Storage | None = None) -> None:
     """Every compared drafter is a directory (local or any URI) of its kind's format, for a target
     of these sizes; only its config.json is read."""
+    from spec_core.targets.saved import check_meta
+
     store = store or Storage(cfg.storage)
     for name in cfg.compare:
         m = cfg.methods[name]
@@ -193,15 +195,11 @@ def check_drafters(cfg: GenerateConfig, ident: dict, store: Storage | None = Non
         if raw is None:
             where = "local " if scheme_of(m.drafter) == "file" else ""
             raise FileNotFoundError(f"method {name}: drafter {m.drafter} is not a {where}drafter directory")
-        meta = json.loads(raw)
-        if meta.get("format") != TRAINED[m.kind]:
-            raise ValueError(f"method {name}: {m.drafter} holds format {meta.get('format')!r}; kind {m.kind} "
-                             f"needs {TRAINED[m.kind]!r}")
-        target = meta.get("target", {})
-        mine = {k: ident.get(k) for k in ("hidden_size", "vocab_size")}
-        if {k: target.get(k) for k in mine} != mine:
-            raise ValueError(f"method {name}: drafter {m.drafter} was trained for a target with "
-                             f"{ {k: target.get(k) for k in mine} }, this target has {mine}")
+        try:
+            check_meta(json.loads(raw), TRAINED[m.kind], f"{m.kind} drafter", m.drafter,
+                       {k: ident.get(k) for k in ("hidden_size", "vocab_size")})
+        except ValueError as e:
+            raise ValueError(f"method {name}: {e}") from None
 
 
 def main(cfg: GenerateConfig) -> dict:

@@ -14,15 +14,17 @@ same config resumes from the latest checkpoint (Ray Train V2: same RunConfig nam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+import typing
 from pathlib import Path
 from typing import ClassVar, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.py` from anywhere
 
-from pydantic import Field  # noqa: E402
+from pydantic import Field, create_model, model_validator  # noqa: E402
 
 from jobs.lib.config import Strict, cli  # noqa: E402
 from jobs.lib.job import JobConfig, one_line_errors  # noqa: E402
@@ -30,6 +32,11 @@ from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.model_cache import model_identity  # noqa: E402
 from jobs.lib.run_key import fingerprint, open_run  # noqa: E402
 from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
+from spec_core.fovea.config import FoveaConfig, LossConfig  # noqa: E402
+from spec_core.medusa import MedusaConfig  # noqa: E402
+
+_HINTS = typing.get_type_hints(FoveaConfig)
+_MEDUSA = {f.name: f.default for f in dataclasses.fields(MedusaConfig)}
 
 
 class DataSection(Strict):
@@ -46,35 +53,24 @@ class TargetSection(Strict):
                       "path, or any storage URI (s3://: downloaded once per node, jobs.lib.model_cache)")
 
 
-class DrafterSection(Strict):  # spec_core.fovea.FoveaConfig field for field, + kind and Medusa's
+class _DrafterExtras(Strict):
+    """What the `drafter` section holds beside spec_core.fovea.FoveaConfig's fields (added below,
+    declared there once): the kind, and Medusa's heads (spec_core.medusa.MedusaConfig)."""
+
     kind: Literal["fovea", "medusa"] = "fovea"
-    n_blocks: int = 1
-    correction_depth: int = 1
-    retrieval: Literal["cumulative", "fixed", "dense"] = "cumulative"
-    rho: float = 0.8
-    k_min: int = 32
-    k_max: int = 256
-    k_fixed: int = 16
-    visual_correction: bool = True
-    depth_embedding: bool = True
-    gate: bool = True
-    correction_hidden: int = 512
-    max_depth: int = 16
-    train_depth: int = 3
-    visual_context: Literal["fused", "prefix", "compressed"] = "fused"
-    num_queries: int = 2
-    medusa_heads: int = Field(3, ge=1, description="kind medusa: heads (MMSpec Table 6: depth 3)")
-    medusa_layers: int = Field(1, ge=0, description="kind medusa: ResBlocks per head")
+    medusa_heads: int = Field(_MEDUSA["num_heads"], description="kind medusa: heads (MMSpec Table 6: depth 3)")
+    medusa_layers: int = Field(_MEDUSA["num_layers"], description="kind medusa: ResBlocks per head")
 
-    def fovea_config(self):
-        from spec_core.fovea import FoveaConfig
-
+    def fovea_config(self) -> FoveaConfig:
         return FoveaConfig(**self.model_dump(exclude={"kind", "medusa_heads", "medusa_layers"}))
 
-    def medusa_config(self):
-        from spec_core.medusa import MedusaConfig
-
+    def medusa_config(self) -> MedusaConfig:
         return MedusaConfig(num_heads=self.medusa_heads, num_layers=self.medusa_layers)
+
+    @model_validator(mode="after")
+    def _checked(self):  # the dataclasses' own checks, as validation errors (exit 2)
+        self.fovea_config(), self.medusa_config()
+        return self
 
     @property
     def steps_logged(self) -> int:
@@ -82,17 +78,9 @@ class DrafterSection(Strict):  # spec_core.fovea.FoveaConfig field for field, + 
         return self.medusa_heads if self.kind == "medusa" else self.train_depth
 
 
-class LossSection(Strict):  # spec_core.fovea.LossConfig (paper Table 5)
-    lambda_hid: float = 1.0
-    lambda_kl: float = 0.2
-    lambda_tok: float = 1.0
-    beta_h: float = 1.0
-    beta_mid: float = 0.1
-    beta_ce: float = 1.5
-    beta_cmp: float = 0.5
-    margin: float = 0.5
-    k_c: int = 6
-    gamma_w: float = 1.0
+DrafterSection = create_model(
+    "DrafterSection", __base__=_DrafterExtras, __module__=__name__,
+    **{f.name: (_HINTS[f.name], f.default) for f in dataclasses.fields(FoveaConfig)})
 
 
 class TrainSection(Strict):
@@ -129,7 +117,7 @@ class TrainDrafterConfig(JobConfig):
     data: DataSection = DataSection()
     target: TargetSection = TargetSection()
     drafter: DrafterSection = DrafterSection()
-    loss: LossSection = LossSection()
+    loss: LossConfig = LossConfig()
     train: TrainSection = TrainSection()
     compute: ComputeSection = ComputeSection()
 
@@ -138,9 +126,6 @@ def main(cfg: TrainDrafterConfig) -> dict:
     from jobs.lib.drafter_data import check_target, open_artifacts
     from jobs.lib.ray_setup import init_ray
     from jobs.lib.train_loop import make_trainer, plan_steps
-    from spec_core.fovea import LossConfig
-
-    cfg.drafter.fovea_config(), cfg.drafter.medusa_config(), LossConfig(**cfg.loss.model_dump())  # checks, before Ray
     t, c = cfg.train, cfg.compute
     need = c.num_workers * c.cpus_per_worker + cfg.data.cpus_per_task
     if cfg.ray.num_cpus is not None and not (cfg.ray.address or os.environ.get("RAY_ADDRESS")) and cfg.ray.num_cpus < need:

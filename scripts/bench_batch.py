@@ -104,8 +104,8 @@ def main() -> None:
     processor = AutoProcessor.from_pretrained(args.target)
     for b in args.batch or [1, 8]:
         reqs = requests(processor, prompts(b), args.max_new)
-        sides = {"hf": lambda: HFEngine(adapter, batch_size=b),  # EOS off on both sides
-                 "engine": lambda: DecodeEngine(adapter, None, batch_size=b, capacity=512 + args.max_new)}
+        sides = {"hf": lambda b=b: HFEngine(adapter, batch_size=b),  # EOS off on both sides
+                 "engine": lambda b=b: DecodeEngine(adapter, None, batch_size=b, capacity=512 + args.max_new)}
         seconds: dict[str, list[float]] = {k: [] for k in sides}
         outs, phases = {}, []
         for rep in range(args.reps + 1):  # the first repetition is a warm-up

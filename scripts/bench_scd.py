@@ -96,7 +96,7 @@ def main() -> None:
     print(f"{'video' if a.video else 'image'}: {lm.layout().length} tokens per sample, "
           f"{len(prompts)} prompts, batch {a.batch}, top_k {base.top_k}, cfg {base.cfg_scale}, auto up to L={auto_max}")
     for temp in (float(t) for t in a.temperatures.split(",")):
-        def cfg(w, coupling):
+        def cfg(w, coupling, temp=temp):
             return ScdConfig(window=w, max_window=auto_max, coupling=coupling, temperature=temp,
                              top_k=base.top_k, top_p=base.top_p, cfg_scale=base.cfg_scale)
 

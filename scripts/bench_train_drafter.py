@@ -32,16 +32,19 @@ def bare_loop(artifacts: str, target: str, steps: int, batch: int, threads: int,
     """The same training without Ray or DeepSpeed: tokens/s (steady, end to end)."""
     import torch
 
+    from jobs.lib.config import load_config
     from jobs.lib.drafter_data import attach_visual, decode_rows, open_artifacts, sha_owners
     from jobs.lib.storage import Storage
     from jobs.train_drafter import TrainDrafterConfig
-    from spec_core.fovea import FoveaDrafter, LossConfig, drafter_loss
+    from spec_core.fovea import FoveaDrafter, drafter_loss
     from spec_core.fovea.data import collate
     from spec_core.targets import load_target, target_identity
 
     t_start = time.perf_counter()
     torch.set_num_threads(threads)
-    cfg, store = TrainDrafterConfig(), Storage()
+    # the job's own manifest: the drafter users train
+    cfg = load_config(TrainDrafterConfig, Path(__file__).resolve().parents[1] / "manifests/jobs/train_drafter.yaml")
+    store = Storage()
     art = open_artifacts(store, artifacts)
     owners = sha_owners(art, store)
     import pyarrow.parquet as pq
@@ -55,7 +58,7 @@ def bare_loop(artifacts: str, target: str, steps: int, batch: int, threads: int,
                                        cfg.drafter.fovea_config(), identity=target_identity(target)).float()
     params = drafter.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=cfg.train.betas, weight_decay=0.0)
-    loss_cfg, rng = LossConfig(**cfg.loss.model_dump()), random.Random(seed)
+    loss_cfg, rng = cfg.loss, random.Random(seed)
     windows, order, t0, tokens = [], [], time.perf_counter(), 0
     for step in range(1, steps + 1):
         if len(order) < batch:

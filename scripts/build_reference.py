@@ -28,7 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     files = upload(store, stage, args.out)
     shutil.rmtree(stage, ignore_errors=True)
     build_info = {"hash": digest, "size": args.size, "seed": args.seed, "files": files,
-                  "created_utc": datetime.now(timezone.utc).isoformat()}
+                  "created_utc": datetime.now(UTC).isoformat()}
     store.write_text(join(args.out, "BUILD.json"), json.dumps(build_info, indent=2))
     print(f"reference world '{args.size}' built in {metrics['build_seconds']:.0f}s -> {args.out}")
     print(render_report(metrics))

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's test command: create .venv if missing, install the project + test extra, run pytest.
+# The README's test command: create .venv if missing, install the project + test extra, run ruff
+# (the lint config is in pyproject.toml) and pytest.
 #   bash scripts/test.sh                 # everything CI runs
 #   bash scripts/test.sh -m "not slow"   # extra arguments go to pytest
 set -euo pipefail
@@ -15,6 +16,7 @@ export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/spec_core/torc
 if ! ls "$TORCH_EXTENSIONS_DIR"/deepspeed_shm_comm/*.so >/dev/null 2>&1; then
   .venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null 2>&1 || true
 fi
+.venv/bin/ruff check .
 t1=$(date +%s)
 set +e
 .venv/bin/python -m pytest "$@"

@@ -16,6 +16,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+RAY_FIXTURES = {"ray_local", "ray_head"}
+RAY_SESSION = "/tmp/ray/session_latest"  # Ray points it at every new cluster's session directory
+
+
+def _ray_session() -> str | None:
+    try:
+        return os.readlink(RAY_SESSION)
+    except OSError:
+        return None
+
+
+@pytest.fixture(autouse=True)
+def _ray_tests_are_marked(request):
+    """Fails a test that starts a Ray cluster (in this process or in a subprocess it runs) without
+    the `ray` marker, so that `-m "not ray"` means what it says."""
+    before = _ray_session()
+    yield
+    if request.node.get_closest_marker("ray") is None and _ray_session() != before:
+        pytest.fail("this test started a Ray cluster: mark it `ray` (pytestmark = pytest.mark.ray)")
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """A moto S3 server on loopback; yields its endpoint URL. Credentials are dummies, set in the
@@ -102,12 +123,13 @@ def ray_head(tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests need CUDA: without it they are skipped (and only they are)."""
+    """A test that asks for a Ray fixture is a `ray` test; `gpu` tests need CUDA: without it they
+    are skipped (and only they are)."""
     import torch
 
-    if torch.cuda.is_available():
-        return
-    no_cuda = pytest.mark.skip(reason="needs CUDA (marker: gpu)")
+    no_cuda = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs CUDA (marker: gpu)")
     for item in items:
-        if "gpu" in item.keywords:
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.ray)
+        if no_cuda is not None and "gpu" in item.keywords:
             item.add_marker(no_cuda)

@@ -10,7 +10,7 @@ import struct
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from collections.abc import Iterator
 
 
 def _reset(sock: socket.socket) -> None:

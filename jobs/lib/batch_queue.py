@@ -24,7 +24,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from jobs.lib.storage import Storage, StorageUnavailable, join
 

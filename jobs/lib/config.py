@@ -14,7 +14,8 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Collection, Mapping, Sequence, TypeVar, get_args, get_origin
+from typing import Any, TypeVar, get_args, get_origin
+from collections.abc import Collection, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -83,8 +84,10 @@ def _error_line(err: ValidationError, source: str, model: type[BaseModel] | None
     first = err.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "<root>"
     more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    kind = "unknown field" if first["type"] == "extra_forbidden" else "invalid value"
-    detail = first["msg"] if first["type"] != "extra_forbidden" else "not a field of this job's config"
+    # extra_forbidden: a pydantic model's; unexpected_keyword_argument: a spec_core dataclass's
+    unknown = first["type"] in ("extra_forbidden", "unexpected_keyword_argument")
+    kind = "unknown field" if unknown else "invalid value"
+    detail = "not a field of this job's config" if unknown else first["msg"]
     loc = first["loc"]
     on_secret = model is not None and any(is_secret(model, loc[:i]) for i in range(1, len(loc) + 1))
     if kind == "invalid value" and (on_secret or any(s in detail for s in secrets)):

@@ -108,11 +108,21 @@ class ImageWorker:
             chooser = self.choosers.setdefault((kind, method), WindowChooser(cfg.max_window))
         return JacobiDecoder(lm, lm.layout(), cfg, chooser).run(cond, uncond, seed, keys)
 
-    def _warm_up(self, kind: str, method: str, window: int | str, row: dict) -> None:
-        """First use of a configuration (allocations, kernels, caches) on an untimed sample."""
-        if (kind, method, window) not in self.warm:
-            self._run(kind, method, window, [row], 7919, [0])
-            self.warm.add((kind, method, window))
+    def _warm_up(self, kind: str, method: str, window: int | str, rows: list[dict]) -> None:
+        """First use of a configuration (allocations, kernels, caches) on an untimed sample; under
+        window auto, untimed batches like the timed one until the chooser has explored every
+        window that could win (its calibration: paid once per actor, at most 8 batches)."""
+        if (kind, method, window) in self.warm:
+            return
+        self._run(kind, method, window, rows[:1], 7919, [0])
+        chooser = self.choosers.get((kind, method))
+        if chooser is not None:
+            g = len(rows) * (2 if self._scd(kind, method, window).cfg else 1)
+            for i in range(8):
+                if not chooser.exploring(g):
+                    break
+                self._run(kind, method, window, rows, 7920 + i, list(range(len(rows))))
+        self.warm.add((kind, method, window))
 
     def _media(self, kind: str, tokens_BN) -> list[tuple[bytes, object]]:
         """Encoded PNG / GIF bytes and the decoded pixels per sample."""
@@ -179,7 +189,7 @@ class ImageWorker:
                         todo = [r for r in batch if item_key(r["id"], method, window, seed) not in done]
                         if not todo:
                             continue
-                        self._warm_up(kind, method, window, todo[0])
+                        self._warm_up(kind, method, window, todo)
                         # end to end: prompt encoding, the sampling loop, decoding to pixels, PNG / GIF
                         tb = time.perf_counter()
                         res = self._run(kind, method, window, todo, seed, [prompt_key(r["id"]) for r in todo])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import ClassVar, Iterator, Literal
+from typing import ClassVar, Literal
+from collections.abc import Iterator
 
 from pydantic import Field
 
@@ -66,7 +67,7 @@ class JobConfig(Strict):
 
         return f"cfg-{key_hash(computing_fields(self.computing()))}"
 
-    def computing(self) -> "JobConfig":
+    def computing(self) -> JobConfig:
         """The config as far as it determines outputs (a job may drop parts it does not run)."""
         return self
 

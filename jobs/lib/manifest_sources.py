@@ -12,7 +12,7 @@ import io
 import json
 import os
 import string
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import pyarrow.parquet as pq
 from pydantic import Field, model_validator
@@ -23,7 +23,7 @@ from spec_core.reference.tasks import IMAGE_TOKEN
 
 ERROR_KEY = "__manifest_error__"  # key of a record that could not even be parsed (a bad JSONL line)
 _PLACEHOLDER = IMAGE_TOKEN.strip()
-Uris = Union[str, list[str]]
+Uris = str | list[str]
 
 
 class MessagesConversation(Strict):
@@ -133,7 +133,7 @@ class QAConversation(Strict):
         return {f for f in (self.question, self.context, self.answer, self.choices) if f}
 
 
-Conversation = Annotated[Union[MessagesConversation, PromptsConversation, QAConversation],
+Conversation = Annotated[MessagesConversation | PromptsConversation | QAConversation,
                          Field(discriminator="kind")]
 
 

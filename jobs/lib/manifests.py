@@ -34,7 +34,8 @@ import os
 import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any, Callable, Iterable, Literal, NamedTuple, Union
+from typing import Annotated, Any, Literal, NamedTuple
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -101,8 +102,8 @@ class TrainOnly(Strict):
     seed: int = SPLIT_SEED
 
 
-Split = Annotated[Union[OfficialSplit, RandomSplit, EvalOnly, TrainOnly], Field(discriminator="policy")]
-Scalar = Union[str, int, float, bool]
+Split = Annotated[OfficialSplit | RandomSplit | EvalOnly | TrainOnly, Field(discriminator="policy")]
+Scalar = str | int | float | bool
 
 
 class SourceSpec(Strict):

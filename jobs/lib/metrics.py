@@ -17,10 +17,11 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Iterable, Iterator
 
 from pydantic import BaseModel
 from tqdm.auto import tqdm
@@ -164,7 +165,7 @@ class RunRecorder:
             "job": self.job,
             "run_dir": self.run_dir,
             "config_hash": self.hash,
-            "started_utc": datetime.fromtimestamp(self.started, timezone.utc).isoformat(),
+            "started_utc": datetime.fromtimestamp(self.started, UTC).isoformat(),
             "wall_seconds": round(time.time() - self.started, 3),
             "stages": self.stages,
             "counts": self.counts,

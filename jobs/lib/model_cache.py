@@ -119,7 +119,7 @@ def _download(store: Storage, uri: str, files: list[tuple[str, int, str]], tmp: 
             dest.parent.mkdir(parents=True, exist_ok=True)
             src = f"{path.rstrip('/')}/{rel}"
             # a whole-file GET into the same local name: a retry overwrites, so it is idempotent
-            retry_call(lambda: fs.get_file(src, str(dest)), "read", join(uri, rel), store.cfg.retry_seconds)
+            retry_call(lambda src=src, dest=dest: fs.get_file(src, str(dest)), "read", join(uri, rel), store.cfg.retry_seconds)
             if dest.stat().st_size != size:
                 raise ConnectionError(f"download of {join(uri, rel)} ended at {dest.stat().st_size} of {size} bytes")
         if listing_key(listing(store, uri)) != final.name:

@@ -15,6 +15,7 @@ so a rerun into an explicit run id never mixes the outputs of two configs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -46,6 +47,9 @@ def computing_fields(cfg: BaseModel) -> dict[str, Any]:
             value, key = getattr(model, name), f"{prefix}{name}"
             if isinstance(value, BaseModel):
                 walk(value, key + ".")
+            elif dataclasses.is_dataclass(value):  # a spec_core config used as a section (train's loss)
+                for f in dataclasses.fields(value):
+                    out[f"{key}.{f.name}"] = _jsonable(getattr(value, f.name))
             elif isinstance(value, dict) and value and all(isinstance(v, BaseModel) for v in value.values()):
                 for k, v in value.items():  # e.g. generate's methods: {name: MethodSection}
                     walk(v, f"{key}.{k}.")

@@ -24,7 +24,8 @@ import random
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterator
 
 import fsspec
 import pyarrow as pa

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 
 def stratified_rows(groups: Sequence[Hashable], limit: int | None, seed: int = 0) -> list[int]:

@@ -297,13 +297,13 @@ def run_epochs(engine, cfg, plan: Plan, state: dict, rank: int, art: dict, preci
     import torch
 
     from jobs.lib.drafter_data import decode_rows
-    from spec_core.fovea import LossConfig, drafter_loss
+    from spec_core.fovea import drafter_loss
     from spec_core.fovea.data import collate
     from spec_core.medusa import medusa_loss
 
     t = cfg.train
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    loss_cfg = LossConfig(**cfg.loss.model_dump())
+    loss_cfg = cfg.loss
     shard = ray.train.get_dataset_shard("train")
     window = Window(cfg.drafter.steps_logged)
     if cfg.drafter.kind == "medusa":

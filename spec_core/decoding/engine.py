@@ -233,7 +233,7 @@ class DecodeEngine:
         kv = dynamic_cache_kv(cache)
         self.mrope = out.position_ids.dim() == 3
         W = ids_RT.shape[1]
-        for r, (b, request) in enumerate(pairs):
+        for r, (b, _) in enumerate(pairs):
             pad = W - T_R[r]  # left padding of this row
             self.tcache.load(b, [(k[r: r + 1, :, pad:], v[r: r + 1, :, pad:]) for k, v in kv])
             P = int(out.visual_valid_BP[r].sum())  # this prompt's visual tokens (the first P)
@@ -250,7 +250,7 @@ class DecodeEngine:
                 done.append(self._finish(b))
         return done
 
-    def _start_slot(self, b: int, ids_1T: torch.Tensor, y: int, out: "_PrefillRow") -> None:
+    def _start_slot(self, b: int, ids_1T: torch.Tensor, y: int, out: _PrefillRow) -> None:
         """A prefilled prompt's slot state: lengths, positions, root token y, drafter or proposer."""
         T = ids_1T.shape[1]
         if self.probe is not None:
@@ -405,17 +405,38 @@ class DecodeEngine:
     def step(self) -> list[Result]:
         """One draft-verify-commit round over all slots; returns the samples that finished."""
         active = [s is not None for s in self.slots]
-        t0 = lap = time.perf_counter()
+        active_B = torch.tensor(active)
+        t0 = time.perf_counter()
+        tree, depth = self._plan_and_draft(active, active_B)
+        t_drafted = self._lap("draft", t0)
+        hidden_BMD, path_BD, n_B, rows = self._verify_and_walk(tree, active)
+        t_verified = self._lap("verify", t_drafted)
+        if self.policy is not None:
+            self.policy.observe(tree, self.B, t_verified - t_drafted, t_drafted - t0, depth if tree.size else 0,
+                                path_BD, n_B, active_B)
+        finished = self._commit(active, rows, hidden_BMD)
+        t_committed = self._lap("commit", t_verified)
+        if self.policy is not None:
+            self.policy.cost.observe_commit(tree.size > 0, t_committed - t_verified)
+        return [self._finish(b) for b in finished]
+
+    def _plan_and_draft(self, active: list[bool], active_B: torch.Tensor) -> tuple[DraftTree, int | None]:
+        """This step's tree: ViSkip's and the goodput policy's plan (a draft depth, 0 = AR), the
+        drafter's or proposers' tree, then the policy's choice of nodes."""
         skips, depth = self._visual_skips(active), None
-        if self.policy is not None:  # goodput: this step's draft depth, 0 = an AR step
+        if self.policy is not None:
             depth = self.policy.plan(sum(active), self.B)
             skips = skips if depth else [True] * self.B
         tree = self._draft(active, skips, depth)
-        active_B = torch.tensor(active)
         if self.policy is not None and tree.size:
             tree = self.policy.choose(tree, active_B, self.B)
-        lap = self._lap("draft", lap)
-        draft_s = lap - t0
+        return tree, depth
+
+    def _verify_and_walk(self, tree: DraftTree, active: list[bool]) -> tuple[torch.Tensor, torch.Tensor,
+                                                                              torch.Tensor, list[tuple]]:
+        """The target's forward over roots and nodes, its token at each, the accepted path per
+        slot, and the step's one device -> host transfer: per slot (accepted count, path, target
+        tokens, draft tokens)."""
         if self.probe is not None:
             self.probe.armed = True
         hidden_BMD, logits_BMV = self._verify(tree)
@@ -432,27 +453,24 @@ class DecodeEngine:
             path_BD, n_B = walk(tree, chosen_BM)
         else:  # AR: nothing to walk
             path_BD, n_B = chosen_BM.new_zeros(self.B, 0), chosen_BM.new_zeros(self.B)
-        if self.medusa or self.probe is not None:  # the state that produced the next root: the last accepted node
-            last_B = (path_BD.gather(1, (n_B - 1).clamp_min(0)[:, None])[:, 0] * (n_B > 0) if path_BD.shape[1]
-                      else torch.zeros_like(n_B))
-            if self.medusa:
-                self.root_h_BD = hidden_BMD[torch.arange(self.B, device=self.device), last_B].to(self.root_h_BD.dtype)
-            if self.probe is not None:
-                row_BK = self.probe.attn_BSK[torch.arange(self.B, device=self.device), last_B]
-                self.vis_B = visual_share(row_BK[:, None], self.image_BC, self.visual_reduce)[:, 0]
-        # the one device -> host transfer of the step: accepted counts, paths, target tokens, drafts
+        if self.medusa or self.probe is not None:
+            self._track_last_node(path_BD, n_B, hidden_BMD)
         D, M = path_BD.shape[1], chosen_BM.shape[1]
         host = torch.cat([n_B[:, None], path_BD, chosen_BM, tree.tokens_BN], 1).tolist()
         rows = [(r[0], r[1: 1 + D], r[1 + D: 1 + D + M], r[1 + D + M:]) for r in host]
-        t_verified = self._lap("verify", lap)
-        verify_s, lap = t_verified - lap, t_verified
-        if self.policy is not None:
-            self.policy.observe(tree, self.B, verify_s, draft_s, depth if tree.size else 0, path_BD, n_B, active_B)
-        finished = self._commit(active, rows, hidden_BMD)
-        t_committed = self._lap("commit", lap)
-        if self.policy is not None:
-            self.policy.cost.observe_commit(tree.size > 0, t_committed - lap)
-        return [self._finish(b) for b in finished]
+        return hidden_BMD, path_BD, n_B, rows
+
+    def _track_last_node(self, path_BD: torch.Tensor, n_B: torch.Tensor, hidden_BMD: torch.Tensor) -> None:
+        """State of the last accepted node (the root when none), which produced the next root:
+        Medusa's heads read its hidden state, ViSkip its attention share on the image."""
+        last_B = (path_BD.gather(1, (n_B - 1).clamp_min(0)[:, None])[:, 0] * (n_B > 0) if path_BD.shape[1]
+                  else torch.zeros_like(n_B))
+        rows_B = torch.arange(self.B, device=self.device)
+        if self.medusa:
+            self.root_h_BD = hidden_BMD[rows_B, last_B].to(self.root_h_BD.dtype)
+        if self.probe is not None:
+            row_BK = self.probe.attn_BSK[rows_B, last_B]
+            self.vis_B = visual_share(row_BK[:, None], self.image_BC, self.visual_reduce)[:, 0]
 
     def _visual_skips(self, active: list[bool]) -> list[bool]:
         """ViSkip: slots whose current state looks at the image (share >= tau) draft nothing;
@@ -502,13 +520,15 @@ class DecodeEngine:
             slot, nodes = self.slots[b], path[:n]
             emitted = [tokens[i - 1] for i in nodes] + [chosen[nodes[-1] if nodes else 0]]
             room = slot.request.max_new_tokens - len(slot.tokens)
-            for j, t in enumerate(emitted[:room]):
-                slot.tokens.append(t)
-                if t in self.eos:
+            kept = emitted[:room]
+            for j, t in enumerate(kept):
+                if t in self.eos:  # nothing after an end of sequence
+                    kept = kept[: j + 1]
                     break
-            slot.accepts.append(min(len(emitted), j + 1))
+            slot.tokens.extend(kept)
+            slot.accepts.append(len(kept))
             if self.proposers[b] is not None:
-                self.proposers[b].extend(emitted[: j + 1])
+                self.proposers[b].extend(kept)
             if self._done(slot):
                 finished.append(b)
                 continue

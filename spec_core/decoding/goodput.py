@@ -80,13 +80,19 @@ class CostModel:
     def ready(self) -> bool:
         return self._s[0] > 0
 
+    @property
+    def varied(self) -> bool:
+        """Whether the observed lengths have varied (before, the slope b is unknown, not 0)."""
+        w, t, t2 = self._s[:3]
+        return w > 0 and w * t2 - t * t > 1e-9 * max(w * t2, 1.0)
+
     def coefficients(self) -> tuple[float, float]:
         """(a, b) with a, b >= 0; a flat line through the mean while the tokens have not varied."""
         w, t, t2, y, ty = self._s
         if w <= 0:
             return 0.0, 0.0
         var = w * t2 - t * t
-        b = (w * ty - t * y) / var if var > 1e-9 * max(w * t2, 1.0) else 0.0
+        b = (w * ty - t * y) / var if self.varied else 0.0
         b = max(b, 0.0)
         a = max((y - b * t) / w, 0.0)
         return a, b

@@ -49,7 +49,8 @@ class HFEngine:
 
         s, cfg = self.sampling, copy.deepcopy(self.adapter.model.generation_config)
         # no EOS: an id no token has, the vocabulary size (None would fall back to the checkpoint's EOS)
-        cfg.update(max_new_tokens=max_new, min_new_tokens=0, do_sample=s.do_sample, eos_token_id=self.eos or [self.adapter.lm_head.weight.shape[0]],
+        cfg.update(max_new_tokens=max_new, min_new_tokens=0, do_sample=s.do_sample,
+                   eos_token_id=self.eos or [self.adapter.lm_head.weight.shape[0]],
                    pad_token_id=self.pad_id, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
                    temperature=s.temperature if s.do_sample else None,
                    top_k=(s.top_k or None) if s.do_sample else None, top_p=s.top_p if s.do_sample else None)

@@ -16,7 +16,11 @@ CONTEXT_MODES = ("fused", "prefix", "compressed")
 
 @dataclass(frozen=True)
 class FoveaConfig:
-    """Architecture of one drafter; the blocks copy the target's decoder-layer type and config."""
+    """Architecture of one drafter; the blocks copy the target's decoder-layer type and config.
+    Also the `drafter` section of the train_drafter job (`__pydantic_config__`: pydantic, at the
+    jobs' boundary, rejects unknown keys; this module never imports pydantic)."""
+
+    __pydantic_config__ = {"extra": "forbid"}
 
     n_blocks: int = 2               # paper: 2 for 7B-class targets, 3 for 13B
     correction_depth: int = 1       # visual correction at draft depths <= this (paper: 1)
@@ -51,7 +55,10 @@ class FoveaConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Eq. 10-19 weights, paper Table 5; k_c is the candidate width of the draft tree (6)."""
+    """Eq. 10-19 weights, paper Table 5; k_c is the candidate width of the draft tree (6). The
+    train_drafter job's `loss` section as it is."""
+
+    __pydantic_config__ = {"extra": "forbid"}
 
     lambda_hid: float = 1.0
     lambda_kl: float = 0.2

@@ -3,7 +3,7 @@ Each generator returns (question, answer) or None when the scene cannot support 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -10,7 +10,7 @@ import hashlib
 import io
 import re
 import zlib
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 from PIL import Image

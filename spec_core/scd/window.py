@@ -16,12 +16,20 @@ per-position acceptance measured under it says positions past 16 are worthless -
 L is chosen per segment of `segment` iterations among the candidates max_window, max/2, max/4,
 ..., 1 (one L for the whole batch: a batch forward is dense anyway); after a change of L the first
 third of the segment, still on drafts the old window left, is not counted. The first segments try every
-candidate, largest first, that could still win (a shorter window commits at most L tokens and at
-most what a longer one did: where even that bound loses to the best so far, it is skipped); then
+candidate, largest first, that could still win; then
 every `reexplore`-th segment tries a neighbour of the best (half or double), so the estimates
 follow the running request. On a GPU, where a longer forward costs about
 as much as a short one, the largest window wins; on a CPU, where a 64-token forward costs several
 one-token ones, the one where extra rows stop paying for themselves.
+
+Which candidates could still win: from the same state, a window c commits exactly min(k, c) where
+a longer one committed k (its first c - 1 drafts are the same drafts, verified by the same draws),
+and over later iterations no more than that (the drafts past c are not refreshed). So the commits
+per iteration observed at the longest explored window bound every shorter one: E[min(k, c)] over
+its observed histogram of k. A candidate whose bound per second loses to the best measured rate is
+never run. `exploring` says whether some candidate is still worth a first segment: a worker runs
+its untimed warm-up until it is not, so that the exploration is paid once per actor, not by the
+timed requests (as the goodput engine calibrates its cost model at start).
 
 The choice only changes which drafts are verified now: the decoder keeps the others (with the
 distribution they were drawn from) for later, so the output is distributed exactly as before.
@@ -50,9 +58,11 @@ class WindowChooser:
             cands.append(L)
             L //= 2
         self.candidates = cands + [1]  # largest first: the exploration order
-        # per candidate: committed tokens and sample-iterations, decayed once per segment run at it
+        # per candidate: committed tokens and sample-iterations, and the histogram of commits per
+        # sample-iteration (k = 1..c), decayed once per segment run at it
         self.commits = {c: 0.0 for c in self.candidates}
         self.iters = {c: 0.0 for c in self.candidates}
+        self.hist_K = {c: torch.zeros(c + 1, dtype=torch.float64) for c in self.candidates}
         self.chosen: list[int] = []
         self.segments = 0
         self.current = self.candidates[0]
@@ -81,15 +91,40 @@ class WindowChooser:
         top = max(r.values())
         return max(c for c in r if r[c] >= (1 - 1e-6) * top)  # ties (to round-off): the larger window
 
+    def commit_bound(self, c: int) -> float | None:
+        """At most what window c commits per sample-iteration: E[min(k, c)] over the commits k
+        observed at an explored window >= c, the largest such bound (estimates are noisy: the
+        chooser stays optimistic); None before any."""
+        bounds = []
+        for L in self.candidates:
+            if L >= c and self.iters[L] > 0:
+                h_K = self.hist_K[L]
+                k_K = torch.arange(len(h_K), dtype=torch.float64).clamp_max(c)
+                bounds.append(float((h_K * k_K).sum() / h_K.sum().clamp_min(1e-12)))
+        return max(bounds) if bounds else None
+
+    def worth_trying(self, rows: int) -> list[int]:
+        """Unexplored candidates, largest first, whose commit bound per second could still beat
+        the best measured rate (all of them while the cost of a longer forward is unknown: one
+        window's timings say nothing of the slope)."""
+        rates = self.rates_per_second(rows)
+        top = max(rates.values()) if rates else 0.0
+        out = []
+        for c in self.candidates:
+            if self.iters[c] > 0:
+                continue
+            bound = self.commit_bound(c)
+            if bound is None or not self.cost.varied or bound / max(self.cost.verify_s(rows * c), 1e-12) >= top:
+                out.append(c)
+        return out
+
+    def exploring(self, rows: int) -> bool:
+        """Whether some candidate still deserves its first segment."""
+        return bool(self.worth_trying(rows))
+
     def _next_segment(self, rows: int) -> int:
         best = self.best(rows)
-        e = self.expected_commits()
-        if e:  # a shorter window commits at most L, and at most what the longer ones did
-            top_rate, top_e = self.rates_per_second(rows)[best], max(e.values())
-            worth = lambda c: min(c, top_e) / max(self.cost.verify_s(rows * c), 1e-12) >= top_rate  # noqa: E731
-        else:
-            worth = lambda c: True  # noqa: E731
-        unexplored = [c for c in self.candidates if self.iters[c] == 0 and worth(c)]
+        unexplored = self.worth_trying(rows)
         if unexplored:
             return unexplored[0]
         if self.segments % self.reexplore == 0:  # a neighbour of the best, alternately below / above
@@ -111,6 +146,7 @@ class WindowChooser:
             self._left = self.segment
             self.commits[self.current] *= self.decay
             self.iters[self.current] *= self.decay
+            self.hist_K[self.current] *= self.decay
         self._left -= 1
         L = self.current if cap is None else max(1, min(self.current, cap))
         self.chosen.append(L)
@@ -129,6 +165,7 @@ class WindowChooser:
         elif L == self.current:  # a capped iteration at the end of a request says little about L
             self.commits[L] += float(k_B.sum())
             self.iters[L] += len(k_B)
+            self.hist_K[L] += torch.bincount(k_B.clamp(1, L), minlength=L + 1).to(torch.float64)
 
     def stats(self) -> dict:
         """What reports show: iterations, mean L, the cost fit, E[k | L] per candidate."""

@@ -5,8 +5,9 @@ Two ways to find the assistant spans, so any chat template works:
   `return_assistant_tokens_mask`;
 - any other template (LLaVA/Vicuna, Qwen ChatML, ...): render the conversation up to each
   assistant turn with `add_generation_prompt=True` and through that turn; the tokens the turn
-  adds, up to its last special token (the end-of-turn token), are its span. A template whose shorter rendering is not a token prefix of the longer one
-  cannot be masked this way: `EncodeError` (the caller rejects the sample with that reason).
+  adds, up to its last special token (the end-of-turn token), are its span. A template whose
+  shorter rendering is not a token prefix of the longer one cannot be masked this way: `EncodeError`
+  (the caller rejects the sample with that reason).
 
 Image placeholders stay one token each in the template; `expand_image_tokens` then repeats the
 i-th one counts[i] times (one per projected visual token, as the HF processors do), carrying the

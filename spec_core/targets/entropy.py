@@ -95,7 +95,8 @@ def attention_entropy_BT(attn: nn.Module, hidden_BTD: torch.Tensor, cos: torch.T
     chunks = []
     for start in range(0, T, query_chunk):
         end = min(start + query_chunk, T)  # causal: keys past the chunk's last query are unused
-        scores_BNCK = q_BNTH[:, :, start:end] @ k_BNTH[:, :, :end].transpose(-1, -2) * attn.scaling  # (B,N,C,H) x (B,N,H,K) -> (B,N,C,K)
+        scores_BNCK = q_BNTH[:, :, start:end] @ k_BNTH[:, :, :end].transpose(-1, -2) * attn.scaling
+        # (B,N,C,H) x (B,N,H,K) -> (B,N,C,K)
         allowed_BCK = (pos_T[None, :end] <= pos_T[start:end, None])[None] & valid_BT[:, None, :end].bool()
         allowed_B1CK = allowed_BCK[:, None]  # (B, C, K) -> (B, 1, C, K), broadcast over heads
         logp_BNCK = scores_BNCK.masked_fill(~allowed_B1CK, float("-inf")).log_softmax(-1)

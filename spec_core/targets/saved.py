@@ -31,14 +31,22 @@ def read_meta(directory: str | Path, fmt: str, what: str, target_model=None) -> 
     that it has the hidden and vocabulary sizes recorded under "target"."""
     src = Path(directory)
     meta = json.loads((src / "config.json").read_text())
-    if meta.get("format") != fmt:
-        raise ValueError(f"{src} is not a {what} directory (format {meta.get('format')!r}, expected {fmt!r})")
+    mine = None
     if target_model is not None:
         text = getattr(target_model, "text_config", None) or target_model.config.text_config
         mine = {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size}
-        recorded = {k: meta["target"].get(k) for k in mine}
-        if mine != recorded:
-            raise ValueError(f"{what} {src} was trained for a target with {recorded}, this target has {mine}")
+    return check_meta(meta, fmt, what, str(src), mine)
+
+
+def check_meta(meta: dict, fmt: str, what: str, where: str, target_sizes: dict | None = None) -> dict:
+    """A saved directory's config.json (read from `where`, a path or URI) is of format `fmt` and,
+    with `target_sizes` ({"hidden_size", "vocab_size"} of the target), was trained for them."""
+    if meta.get("format") != fmt:
+        raise ValueError(f"{where} is not a {what} directory (format {meta.get('format')!r}, expected {fmt!r})")
+    if target_sizes is not None:
+        recorded = {k: meta.get("target", {}).get(k) for k in target_sizes}
+        if recorded != target_sizes:
+            raise ValueError(f"{what} {where} was trained for a target with {recorded}, this target has {target_sizes}")
     return meta
 
 

@@ -43,7 +43,7 @@ def test_deepspeed_zero2_updates_on_one_gpu_with_nccl(tmp_path, monkeypatch):
 
     from jobs.lib.train_loop import build_engine, mean_over_ranks, plan_steps
     from jobs.train_drafter import TrainDrafterConfig
-    from spec_core.fovea import LossConfig, drafter_loss
+    from spec_core.fovea import drafter_loss
     from spec_core.fovea.data import collate
 
     target = tmp_path / "target"
@@ -63,7 +63,7 @@ def test_deepspeed_zero2_updates_on_one_gpu_with_nccl(tmp_path, monkeypatch):
         engine = build_engine(cfg, plan, "bf16")
         assert dist.get_backend() == BACKEND and engine.device.type == torch.device(gpu.DEVICE).type
         batch = collate(samples).to(engine.device, torch.bfloat16)
-        loss_cfg, losses = LossConfig(**cfg.loss.model_dump()), []
+        loss_cfg, losses = cfg.loss, []
         engine.train()
         for _ in range(plan.total_steps):
             out = drafter_loss(engine.module, batch, loss_cfg, reduce_fn=mean_over_ranks)

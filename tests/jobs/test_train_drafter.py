@@ -4,7 +4,6 @@ run resumes from its latest checkpoint at that step, and bad inputs stop it befo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -20,13 +19,13 @@ import yaml
 from jobs.lib.artifact_store import read_kind
 from jobs.lib.storage import Storage, join
 from jobs.lib.train_loop import plan_steps
-from jobs.train_drafter import DrafterSection, LossSection, TrainDrafterConfig, main
+from jobs.train_drafter import DrafterSection, TrainDrafterConfig, main
 from tests.procs import kill_session
 
 REPO = Path(__file__).resolve().parents[2]
 
 # A small drafter and a learning rate that shows learning within a few dozen updates.
-FAST = {"drafter": {"k_min": 4, "k_max": 16, "correction_hidden": 32},
+FAST = {"drafter": {"n_blocks": 1, "k_min": 4, "k_max": 16, "correction_hidden": 32},
         "train": {"per_device_batch": 1, "lr": 2e-3, "warmup_steps": 2, "log_every": 1}}
 
 
@@ -62,20 +61,27 @@ def _cfg(world, output_uri: str, drafter: dict | None = None, **train) -> TrainD
         "compute": {"num_workers": 2, "cpus_per_worker": 0.5}})
 
 
-def test_config_sections_mirror_spec_core():
+def test_the_drafter_and_loss_sections_are_spec_cores_configs():
+    """Declared once: the sections take spec_core's fields and defaults, and the dataclasses' own
+    checks are config errors (exit 2, naming the section) like a misspelt key."""
+    from jobs.lib.config import ConfigError, load_config
     from spec_core.fovea import FoveaConfig, LossConfig
     from spec_core.medusa import MedusaConfig
 
-    medusa = {"medusa_heads": "num_heads", "medusa_layers": "num_layers"}
-    for section, dc, changed, extra in ((DrafterSection, FoveaConfig, {"n_blocks"}, {"kind", *medusa}),
-                                        (LossSection, LossConfig, set(), set())):
-        ours = {k: v for k, v in section().model_dump().items() if k not in extra}
-        theirs = {f.name: f.default for f in dataclasses.fields(dc)}
-        assert set(ours) == set(theirs)
-        assert {k for k in ours if ours[k] != theirs[k]} == changed  # n_blocks: 1 for the reference world
-    defaults = {f.name: f.default for f in dataclasses.fields(MedusaConfig)}
-    assert {mine: DrafterSection().model_dump()[mine] for mine in medusa} == {m: defaults[t] for m, t in medusa.items()}
+    cfg = TrainDrafterConfig()
+    assert cfg.drafter.fovea_config() == FoveaConfig() and cfg.loss == LossConfig()
+    assert cfg.drafter.medusa_config() == MedusaConfig()
     assert DrafterSection(kind="medusa", medusa_heads=2).medusa_config() == MedusaConfig(num_heads=2)
+    for override, message in (("drafter.rho=2", "invalid value 'drafter'.*rho must be in"),
+                              ("drafter.medusa_heads=0", "invalid value 'drafter'.*num_heads must be >= 1"),
+                              ("drafter.rhoo=0.5", "unknown field 'drafter.rhoo'"),
+                              ("loss.betaa=1", "unknown field 'loss.betaa'"),
+                              ("loss.beta_h=x", "invalid value 'loss.beta_h'")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(TrainDrafterConfig, None, [override])
+    r = subprocess.run([sys.executable, "jobs/train_drafter.py", "--set", "drafter.rho=2"], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "rho must be in (0, 1]" in r.stderr
 
 
 def test_a_local_cluster_too_small_for_workers_and_data_is_refused(tmp_path):

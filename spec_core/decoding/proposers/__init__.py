@@ -28,5 +28,6 @@ def proposer_factory(kind: str, vocab_size: int, **params):
     cls = TRAINING_FREE[kind]
     return lambda: cls(**params)
 
-__all__ = ["DEFAULT_BUDGET", "LookaheadTrie", "TRAINING_FREE", "proposer_factory", "PromptLookup", "Proposer", "RECYCLING_TEMPLATE", "StaticCorpus",
-           "SuffixAutomaton", "TokenRecycling", "paths_to_tree", "propose_batch", "trees_to_batch"]
+__all__ = ["DEFAULT_BUDGET", "LookaheadTrie", "TRAINING_FREE", "proposer_factory", "PromptLookup", "Proposer",
+           "RECYCLING_TEMPLATE", "StaticCorpus", "SuffixAutomaton", "TokenRecycling",
+           "paths_to_tree", "propose_batch", "trees_to_batch"]

@@ -11,7 +11,7 @@ from spec_core.reference.generator.layout import (MAX_ROWS, SAMPLE, GeneratorLay
                                                   image_prefix, image_template, video_prefix,
                                                   video_template)
 from spec_core.reference.generator.sample import (generate_images, generate_video,
-                                                  left_pad, positions_from_mask, prefix_rows,
+                                                  prefix_rows,
                                                   processed_probs, sample_codes)
 from spec_core.reference.generator.train import LMSpec
 
@@ -19,8 +19,8 @@ __all__ = [
     "GeneratorBuildConfig", "GeneratorBundle", "GeneratorLayout", "LMSpec", "MAX_ROWS",
     "PatchCodec", "SAMPLE", "SamplingConfig", "SceneSpec", "build_generator", "build_tokenizer",
     "code_positions", "encode_prompt", "evaluate_generator", "fit_codec", "generate_images",
-    "generate_video", "image_prefix", "image_prompt", "image_template", "left_pad",
-    "load_generator", "pil_to_tensor", "positions_from_mask", "prefix_rows", "processed_probs",
+    "generate_video", "image_prefix", "image_prompt", "image_template",
+    "load_generator", "pil_to_tensor", "prefix_rows", "processed_probs",
     "sample_codes", "tensor_to_pil",
     "video_prefix", "video_template",
 ]

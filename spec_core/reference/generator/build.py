@@ -45,7 +45,7 @@ class GeneratorBuildConfig:
     eval_cfg_scale: float = 3.0
 
     @classmethod
-    def preset(cls, name: str) -> "GeneratorBuildConfig":
+    def preset(cls, name: str) -> GeneratorBuildConfig:
         """'tiny': seconds, formats only; 'small': ~15 CPU-minutes, the quality bars."""
         if name == "tiny":
             lm = LMSpec(hidden=32, layers=1, heads=2, intermediate=64, steps=3, batch_size=2,

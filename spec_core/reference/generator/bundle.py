@@ -31,7 +31,7 @@ class SamplingConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SamplingConfig":
+    def from_dict(cls, d: dict[str, Any]) -> SamplingConfig:
         """Inverse of `to_dict`."""
         return cls(float(d["temperature"]), int(d["top_k"]), float(d["top_p"]),
                    float(d["cfg_scale"]))

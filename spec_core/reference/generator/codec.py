@@ -113,7 +113,7 @@ class PatchCodec(nn.Module):
         (d / CODEC_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> "PatchCodec":
+    def from_pretrained(cls, directory: str | Path) -> PatchCodec:
         """Load a codec saved by `save_pretrained` from a local directory."""
         d = Path(directory)
         cfg = json.loads((d / CODEC_CONFIG).read_text())

@@ -102,7 +102,7 @@ class GeneratorLayout:
                                "image_token_range": list(self.image_token_range)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GeneratorLayout":
+    def from_dict(cls, d: dict[str, Any]) -> GeneratorLayout:
         """Inverse of `to_dict` (extra keys ignored)."""
         return cls(**{f.name: int(d[f.name]) for f in fields(cls)})
 

@@ -16,23 +16,7 @@ from spec_core.reference.generator.layout import (SAMPLE, GeneratorLayout, encod
                                                   image_prefix, image_template, video_prefix,
                                                   video_template)
 from spec_core.sampling import entropy_nats, processed_probs
-
-
-def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad id rows -> (ids_GL, attention_mask_GL)."""
-    width = max(len(r) for r in rows)
-    ids_GL = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask_GL = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids_GL[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask_GL[i, width - len(r):] = 1
-    return ids_GL, mask_GL
-
-
-def positions_from_mask(mask_GL: torch.Tensor) -> torch.Tensor:
-    """Position ids for a left-padded batch: 0 at each row's first real token."""
-    return (mask_GL.cumsum(-1) - 1).clamp(min=0)
+from spec_core.targets.base import pad_left, text_position_ids
 
 
 def prefix_rows(tokenizer: PreTrainedTokenizerFast, layout: GeneratorLayout, prompts: list[str],
@@ -70,10 +54,10 @@ def sample_tokens(model: PreTrainedModel, rows: list[list[int]], template: list[
     With cfg_scale != 1, `rows` holds B conditional then B unconditional prefixes."""
     cfg = sampling.cfg_scale != 1.0
     n = len(rows) // 2 if cfg else len(rows)
-    ids_GL, mask_GL = left_pad(rows, layout.pad)
-    pos_G1 = positions_from_mask(mask_GL)[:, -1:]
+    ids_GL, mask_GL = pad_left(rows, layout.pad)
+    pos_G1 = text_position_ids(mask_GL)[:, -1:]
     cache = DynamicCache()
-    out = model(input_ids=ids_GL, attention_mask=mask_GL, position_ids=positions_from_mask(mask_GL),
+    out = model(input_ids=ids_GL, attention_mask=mask_GL, position_ids=text_position_ids(mask_GL),
                 cache=cache, use_cache=True, logits_to_keep=1)
     allowed_V = layout.allowed_mask(out.logits.shape[-1])
     last_sample = max(i for i, t in enumerate(template) if t == SAMPLE)
@@ -96,7 +80,7 @@ def sample_tokens(model: PreTrainedModel, rows: list[list[int]], template: list[
     return SampleOutput(torch.stack(codes, 1), torch.stack(ents, 1))
 
 
-def _resolve(bundle: "GeneratorBundle", sampling: SamplingConfig | dict | None,
+def _resolve(bundle: GeneratorBundle, sampling: SamplingConfig | dict | None,
              generator: torch.Generator | None) -> tuple[SamplingConfig, torch.Generator]:
     """Sampling (None: bundle default; dict: overrides of it) and generator (None: seed 0)."""
     if sampling is None:
@@ -106,7 +90,7 @@ def _resolve(bundle: "GeneratorBundle", sampling: SamplingConfig | dict | None,
     return sampling, generator if generator is not None else torch.Generator().manual_seed(0)
 
 
-def sample_codes(bundle: "GeneratorBundle", prompts: list[str], n: int = 1, video: bool = False,
+def sample_codes(bundle: GeneratorBundle, prompts: list[str], n: int = 1, video: bool = False,
                  sampling: SamplingConfig | dict | None = None,
                  generator: torch.Generator | None = None, batch_size: int = 16) -> SampleOutput:
     """Codes (and step entropies) for n samples per prompt, prompt-major order."""
@@ -125,13 +109,13 @@ def sample_codes(bundle: "GeneratorBundle", prompts: list[str], n: int = 1, vide
                         torch.cat([o.entropy_BN for o in outs]))
 
 
-def decode_images(bundle: "GeneratorBundle", codes_BN: torch.Tensor) -> list[Image.Image]:
+def decode_images(bundle: GeneratorBundle, codes_BN: torch.Tensor) -> list[Image.Image]:
     """Image codes -> PIL images."""
     lay = bundle.layout
     return bundle.codec.decode_pil(codes_BN, (lay.grid_h, lay.grid_w))
 
 
-def decode_videos(bundle: "GeneratorBundle", codes_BN: torch.Tensor) -> list[list[Image.Image]]:
+def decode_videos(bundle: GeneratorBundle, codes_BN: torch.Tensor) -> list[list[Image.Image]]:
     """Video codes (frames concatenated) -> frames per video."""
     lay = bundle.layout
     per_frame = codes_BN.reshape(-1, lay.frame_tokens)
@@ -139,7 +123,7 @@ def decode_videos(bundle: "GeneratorBundle", codes_BN: torch.Tensor) -> list[lis
     return [frames[i:i + lay.n_frames] for i in range(0, len(frames), lay.n_frames)]
 
 
-def generate_images(bundle: "GeneratorBundle", prompts: list[str], n: int = 1,
+def generate_images(bundle: GeneratorBundle, prompts: list[str], n: int = 1,
                     sampling: SamplingConfig | dict | None = None,
                     generator: torch.Generator | None = None,
                     batch_size: int = 16) -> list[Image.Image]:
@@ -148,7 +132,7 @@ def generate_images(bundle: "GeneratorBundle", prompts: list[str], n: int = 1,
     return decode_images(bundle, out.codes_BN)
 
 
-def generate_video(bundle: "GeneratorBundle", prompts: list[str], n: int = 1,
+def generate_video(bundle: GeneratorBundle, prompts: list[str], n: int = 1,
                    sampling: SamplingConfig | dict | None = None,
                    generator: torch.Generator | None = None,
                    batch_size: int = 8) -> list[list[Image.Image]]:

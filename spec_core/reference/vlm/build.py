@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from transformers import AutoProcessor, LlavaForConditionalGeneration

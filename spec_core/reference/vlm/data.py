@@ -50,7 +50,7 @@ class TaskPool:
     pad_id: int
 
     @classmethod
-    def build(cls, samples: list[dict], tok: PreTrainedTokenizerFast, n_patches: int) -> "TaskPool":
+    def build(cls, samples: list[dict], tok: PreTrainedTokenizerFast, n_patches: int) -> TaskPool:
         pv = pixels([decode_png(s["image_png"]) for s in samples])
         ex: dict[str, list] = {}
         for i, s in enumerate(samples):

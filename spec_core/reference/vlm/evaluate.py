@@ -21,10 +21,9 @@ from spec_core.reference.vocab import COLOURS, SHAPES, SIZES
 from spec_core.targets.base import pad_left
 
 MAX_NEW = {"captioning": 200, "reasoning": 260}
-SHORT_TASKS = ("general_vqa", "text_vqa", "chart_vqa", "multi_turn")
 # tasks whose correct answer differs between two random scenes almost surely
 SWAP_TASKS = ("captioning", "text_vqa")
-_MENTION = re.compile(r"\b(%s) (%s) (%s)\b" % ("|".join(SIZES), "|".join(COLOURS), "|".join(SHAPES)))
+_MENTION = re.compile(rf"\b({'|'.join(SIZES)}) ({'|'.join(COLOURS)}) ({'|'.join(SHAPES)})\b")
 
 
 @torch.no_grad()
@@ -115,7 +114,7 @@ def call_cost(model: LlavaForConditionalGeneration, prompt_len: int = 120, reps:
     nxt = torch.randint(0, text.vocab_size, (1, 1))
 
     def target_step():
-        h = lm(input_ids=nxt, past_key_values=past, use_cache=True)
+        h = lm(input_ids=nxt, cache=past, use_cache=True)
         model.lm_head(h.last_hidden_state)
         past.crop(-1)  # drop the step just appended
 
@@ -129,7 +128,7 @@ def call_cost(model: LlavaForConditionalGeneration, prompt_len: int = 120, reps:
 
     def drafter_step():
         x = fc(torch.cat([emb(nxt), feat_B1D], -1))  # (B,1,2D) -> (B,1,D)
-        h = drafter.model(inputs_embeds=x, past_key_values=dpast, use_cache=True).last_hidden_state
+        h = drafter.model(inputs_embeds=x, cache=dpast, use_cache=True).last_hidden_state
         model.lm_head(h)
         dpast.crop(-1)  # drop the step just appended
 

@@ -7,7 +7,7 @@ D hidden.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -103,7 +103,3 @@ def pixels(images: list[Image.Image]) -> torch.Tensor:
     arr = np.stack([np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0 for im in images])
     mean, std = np.asarray(CLIP_MEAN, np.float32), np.asarray(CLIP_STD, np.float32)
     return torch.from_numpy(((arr - mean) / std).transpose(0, 3, 1, 2).copy())  # (B,H,W,C) -> (B,C,H,W)
-
-
-def size_dict(size: VLMSize) -> dict:
-    return asdict(size)

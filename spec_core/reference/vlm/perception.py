@@ -12,7 +12,7 @@ Shapes: B batch, P patches, D vision hidden, K classes.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

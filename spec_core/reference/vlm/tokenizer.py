@@ -4,7 +4,7 @@ marked ({% generation %}), so `apply_chat_template(..., return_assistant_tokens_
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast

@@ -16,7 +16,7 @@ def test_job_joins_the_cluster_in_ray_address(ray_head, tmp_path):
     address, env, _ = ray_head
     cmd = [sys.executable, "jobs/synth_data.py", "--set", f"run.output_uri={tmp_path}",
            "--set", "data.per_task={train: 1}", "--set", "data.tasks=[text_vqa]"]
-    for attempt in range(3):  # the head may still be coming up
+    for _attempt in range(3):  # the head may still be coming up
         r = subprocess.run(cmd, cwd=REPO, env={**env, "RAY_ADDRESS": address, "SPEC_NO_PROGRESS": "1"},
                            capture_output=True, text=True, timeout=300)
         if r.returncode == 0:

@@ -27,7 +27,7 @@ def _forward(cache: RaggedCache, truth, write_BS: torch.Tensor, kv_len: int, sta
     """What an attention layer does through the Cache hook, and the oracle's per-slot writes."""
     S = write_BS.shape[1]
     cache.plan(None if start is not None else write_BS, kv_len, start=start)
-    for i, (layer, (k, v)) in enumerate(zip(cache.layers, truth)):
+    for i, (k, v) in enumerate(truth):
         new_k, new_v = torch.randn(B, H, S, HD), torch.randn(B, H, S, HV)
         got_k, got_v = cache.update(new_k, new_v, i)
         for b in range(B):
@@ -79,7 +79,7 @@ def test_dropped_rows_and_the_capacity_bound():
     cache, truth = RaggedCache(B, CAP, LAYERS), _oracle()
     _forward(cache, truth, torch.tensor([[0, 1], [0, 1], [0, 1]]), 2, start=0)
     cache.select_rows(torch.tensor([2, 0]))
-    for layer, (k, v) in zip(cache.layers, truth):
+    for layer, (k, _) in zip(cache.layers, truth):
         torch.testing.assert_close(layer.keys[:, :, :2], k[[2, 0], :, :2], rtol=0, atol=0)
     assert cache.batch == 2 and cache.layers[0].keys.shape[0] == 2
     with pytest.raises(ValueError, match="capacity 300 exceeded"):

@@ -13,7 +13,6 @@ from spec_core.decoding.cache import dynamic_cache_kv
 from spec_core.fovea import FoveaDrafter
 from spec_core.fovea.unroll import image_ranks
 from spec_core.medusa import MedusaHeads
-from spec_core.targets import adapter_for
 from tests.spec_core.decoding.conftest import prompt_inputs
 from tests.spec_core.targets.conftest import build_llava_next, build_qwen, llava_next_batch, qwen_batch
 
@@ -116,7 +115,7 @@ def check_caches_against_fresh_prefills(adapter, processor, drafter, samples, po
             # rest wait in the pending buffer (fed at the next drafting step)
             dn = engine.dlen_host[b] if drafter_kv else n  # Medusa: no drafter cache
             assert not drafter_kv or dn + engine.pend_host[b] == n == int(engine.dlen_B[b] + engine.pend_B[b])
-            for (k, v), (rk, rv) in zip(drafter_kv, engine.dcache.row_prefix(b, dn) if drafter_kv else []):
+            for (k, _), (rk, _) in zip(drafter_kv, engine.dcache.row_prefix(b, dn) if drafter_kv else []):
                 torch.testing.assert_close(rk, k[0, :, :dn], atol=2e-5, rtol=1e-4)
             if dn == n:
                 torch.testing.assert_close(engine.root_h_BD[b], root_h, atol=2e-5, rtol=1e-4)
@@ -142,7 +141,8 @@ def test_random_llava_next_and_qwen_targets(build, batch, policy):
     full = batch()
     for row in range(2):  # one sample at a time, without its padding
         real = full["attention_mask"][row].bool()
-        inputs = {"input_ids": full["input_ids"][row][real][None], "attention_mask": torch.ones(1, int(real.sum()), dtype=torch.long)}
+        inputs = {"input_ids": full["input_ids"][row][real][None],
+                  "attention_mask": torch.ones(1, int(real.sum()), dtype=torch.long)}
         if "image_sizes" in full:
             inputs |= {"pixel_values": full["pixel_values"][row: row + 1], "image_sizes": full["image_sizes"][row: row + 1]}
         else:

@@ -68,7 +68,8 @@ def test_viskip_never_changes_outputs(tiny_world, tau, policy):
 def test_viskip_with_a_drafter_skips_some_steps_and_drafts_others(tiny_world):
     adapter, processor, drafter, evals, _ = tiny_world
     engine = DecodeEngine(adapter, drafter, capacity=256, track_visual=True)
-    shares = [v for s in evals for v in next(iter(engine.generate([Request(prompt_inputs(processor, s), MAX_NEW)]))).visual_shares]
+    shares = [v for s in evals
+              for v in next(iter(engine.generate([Request(prompt_inputs(processor, s), MAX_NEW)]))).visual_shares]
     tau = sorted(shares)[len(shares) // 2]  # the median: about half the steps skip
     engine = DecodeEngine(adapter, drafter, capacity=256, viskip=tau)
     results = [next(iter(engine.generate([Request(prompt_inputs(processor, s), MAX_NEW)]))) for s in evals]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spec_core.fovea import DraftSample, FoveaConfig, FoveaDrafter, collate
+from spec_core.fovea import DraftSample, FoveaDrafter, collate
 from spec_core.targets import adapter_for
 from tests.spec_core.targets.conftest import build_llava, build_qwen
 

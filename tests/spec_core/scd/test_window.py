@@ -91,3 +91,27 @@ def test_skips_windows_that_cannot_win():
     ch = WindowChooser(16, segment=2, reexplore=1000)
     chosen = _run(ch, 20, 0.01, 0.0, lambda L: min(L, 5))
     assert set(chosen) == {16, 8}
+
+
+def test_the_bound_reads_the_histogram_of_commits():
+    """Half the samples commit 1 per iteration at 16, half 9 (mean 5). One window's timings say
+    nothing of the slope, so every shorter window is still worth a try; at 8 (commits 1 and 8) the
+    cost line is known: 8 commits 4.5 per 18 ms, and a window of 4 at most E[min(k, 4)] = 2.5 per
+    14 ms (not min(4, 4.5) = 4), which cannot win, so 4 is never run, nor 2 or 1, and the chooser
+    says it is no longer exploring."""
+    ch = WindowChooser(16, segment=2, reexplore=1000)
+    rows, a, b = 2, 0.01, 0.0005
+    assert ch.exploring(rows)
+    for _ in range(2):  # a segment at 16: sample 0 commits 1, sample 1 commits 9
+        L = ch.choose(rows)
+        ch.observe(L, rows, a + b * rows * L, torch.tensor([0, 8]))
+    assert ch.commit_bound(4) == pytest.approx(2.5) and ch.commit_bound(8) == pytest.approx(4.5)
+    assert ch.commit_bound(16) == pytest.approx(5.0)
+    assert ch.worth_trying(rows) == [8, 4, 2, 1]  # the slope is not known yet
+    for _ in range(2):  # 8 commits min(k, 8)
+        L = ch.choose(rows)
+        assert L == 8
+        ch.observe(L, rows, a + b * rows * L, torch.tensor([0, 7]))
+    assert ch.cost.verify_s(8) == pytest.approx(a + b * 8)
+    assert not ch.exploring(rows) and ch.iters[4] == 0
+    assert [ch.choose(rows) for _ in range(6)] == [8] * 6

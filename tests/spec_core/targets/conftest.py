@@ -11,6 +11,8 @@ from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForCo
                           LlavaNextConfig, LlavaNextForConditionalGeneration, Qwen2_5_VLConfig,
                           Qwen2_5_VLForConditionalGeneration)
 
+from spec_core.targets.base import pad_left
+
 PAD, BOS, IMAGE = 0, 1, 99
 TEXT = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, pad_token_id=PAD, bos_token_id=BOS,
@@ -57,13 +59,6 @@ def build_qwen() -> Qwen2_5_VLForConditionalGeneration:
     return _frozen(Qwen2_5_VLForConditionalGeneration(config))
 
 
-def left_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    T = max(map(len, rows))
-    ids = torch.tensor([[PAD] * (T - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (T - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
-
-
 def sample(gen: torch.Generator, before: int, n_image: int, after: int,
            around: tuple[list[int], list[int]] = ([], [])) -> list[int]:
     words = lambda n: torch.randint(3, 90, (n,), generator=gen).tolist()  # noqa: E731
@@ -73,7 +68,7 @@ def sample(gen: torch.Generator, before: int, n_image: int, after: int,
 def llava_batch() -> dict:
     """Two samples, one 4-token image each, the first left-padded by 3."""
     gen = torch.Generator().manual_seed(0)
-    ids, mask = left_padded([sample(gen, 2, 4, 3), sample(gen, 4, 4, 4)])
+    ids, mask = pad_left([sample(gen, 2, 4, 3), sample(gen, 4, 4, 4)], PAD)
     return dict(input_ids=ids, attention_mask=mask,
                 pixel_values=torch.randn(2, 3, 16, 16, generator=gen))
 
@@ -82,7 +77,7 @@ def llava_next_batch() -> dict:
     """Two images of different sizes: 16x32 -> 14 visual tokens, 20x20 -> 24 (base view + grid +
     one newline per row); the first sample is left-padded."""
     gen = torch.Generator().manual_seed(1)
-    ids, mask = left_padded([sample(gen, 2, 14, 3), sample(gen, 3, 24, 2)])
+    ids, mask = pad_left([sample(gen, 2, 14, 3), sample(gen, 3, 24, 2)], PAD)
     return dict(input_ids=ids, attention_mask=mask, image_sizes=torch.tensor([[16, 32], [20, 20]]),
                 pixel_values=torch.randn(2, 5, 3, 16, 16, generator=gen))  # 3 and 5 views
 
@@ -91,7 +86,7 @@ def qwen_batch() -> dict:
     """Grids (1,4,4) -> 4 tokens and (1,4,6) -> 6 tokens after the 2x2 merge; first left-padded."""
     gen = torch.Generator().manual_seed(2)
     around = ([97], [96])  # vision start / end
-    ids, mask = left_padded([sample(gen, 2, 4, 3, around), sample(gen, 4, 6, 4, around)])
+    ids, mask = pad_left([sample(gen, 2, 4, 3, around), sample(gen, 4, 6, 4, around)], PAD)
     grid = torch.tensor([[1, 4, 4], [1, 4, 6]])
     return dict(input_ids=ids, attention_mask=mask, image_grid_thw=grid,
                 pixel_values=torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 4 * 4, generator=gen))
@@ -106,8 +101,8 @@ def brute_force_entropy(model, inputs: dict, first: int, last: int):
     with torch.no_grad():
         out = eager(**inputs, output_attentions=True, output_hidden_states=True)
     # hidden state l is paired with the attention that reads it, attentions[l] (DREAM's pairing)
-    ent_LBT = torch.stack([torch.special.entr(out.attentions[l].float()).sum(-1).mean(1)
-                           for l in range(first, last + 1)])  # (B,N,T,T) -> (B,T)
+    ent_LBT = torch.stack([torch.special.entr(out.attentions[i].float()).sum(-1).mean(1)
+                           for i in range(first, last + 1)])  # (B,N,T,T) -> (B,T)
     return ent_LBT, out.hidden_states
 
 

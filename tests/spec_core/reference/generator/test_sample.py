@@ -14,9 +14,10 @@ from spec_core.reference.generator.data import SceneSpec, image_example
 from spec_core.reference.generator.layout import (SAMPLE, build_tokenizer, image_template,
                                                   make_layout)
 from spec_core.reference.generator.sample import (SamplingConfig, entropy_nats, generate_images,
-                                                  generate_video, left_pad, positions_from_mask,
+                                                  generate_video,
                                                   prefix_rows, processed_probs, sample_codes)
 from spec_core.reference.generator.train import LMSpec, make_llama_config, new_model
+from spec_core.targets.base import pad_left, text_position_ids
 
 torch.set_num_threads(1)
 PROMPTS = ["a large red circle in the center on a gray background",
@@ -68,9 +69,9 @@ def test_processed_probs_rows_sum_to_one_inside_the_mask():
 
 
 def test_left_pad_positions():
-    ids, mask = left_pad([[5, 6, 7], [8]], 0)
+    ids, mask = pad_left([[5, 6, 7], [8]], 0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
-    assert positions_from_mask(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert text_position_ids(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +99,9 @@ def _greedy_full_forward(b: GeneratorBundle, prompts: list[str], cfg_scale: floa
         if slot != SAMPLE:  # structural token (<row_r>): forced, not sampled
             rows = [r + [slot] for r in rows]
             continue
-        ids, mask = left_pad(rows, b.layout.pad)
+        ids, mask = pad_left(rows, b.layout.pad)
         logits = b.image_lm(input_ids=ids, attention_mask=mask,
-                            position_ids=positions_from_mask(mask)).logits[:, -1]
+                            position_ids=text_position_ids(mask)).logits[:, -1]
         uncond = logits[n:] if cfg_scale != 1.0 else None
         probs = processed_probs(logits[:n], uncond, cfg_scale, 1.0, 0, 1.0,
                                 b.layout.allowed_mask())

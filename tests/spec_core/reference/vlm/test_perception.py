@@ -11,7 +11,8 @@ from spec_core.reference.vlm.perception import (PATCH_HEADS, PROJECTOR_HEADS, Pe
 
 def _config(vision: int, text: int) -> LlavaConfig:
     return LlavaConfig(vision_config=CLIPVisionConfig(hidden_size=vision, num_attention_heads=2),
-                       text_config=LlamaConfig(hidden_size=text, num_attention_heads=2, num_key_value_heads=2), projector_hidden_act="gelu")
+                       text_config=LlamaConfig(hidden_size=text, num_attention_heads=2, num_key_value_heads=2),
+                       projector_hidden_act="gelu")
 
 
 def test_projector_rows_are_the_head_logits_and_word_directions():
