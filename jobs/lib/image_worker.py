@@ -98,30 +98,47 @@ class ImageWorker:
         return self.lms[kind].check_prompt(row.get("prompt") or "")
 
     def _run(self, kind: str, method: str, window: int | str, rows: list[dict], seed: int, keys: list[int]):
-        from spec_core.scd import JacobiDecoder, WindowChooser
+        from spec_core.scd import JacobiDecoder
 
         lm = self.lms[kind]
         cfg = self._scd(kind, method, window)
         cond, uncond = lm.prompts([r["prompt"] for r in rows], cfg.cfg)
         chooser = None
-        if cfg.auto:  # one per actor and (kind, method): the warm-up calibrates, every batch refines
-            chooser = self.choosers.setdefault((kind, method), WindowChooser(cfg.max_window))
+        if cfg.auto:  # one per actor and (kind, method): the warm-up calibrates it
+            chooser = self.choosers.setdefault((kind, method), self._chooser(kind, method))
         return JacobiDecoder(lm, lm.layout(), cfg, chooser).run(cond, uncond, seed, keys)
+
+    def _chooser(self, kind: str, method: str):
+        from spec_core.scd import WindowChooser
+
+        return WindowChooser(self.plan.auto_max[kind])
 
     def _warm_up(self, kind: str, method: str, window: int | str, rows: list[dict]) -> None:
         """First use of a configuration (allocations, kernels, caches) on an untimed sample; under
-        window auto, untimed batches like the timed one until the chooser has explored every
-        window that could win (its calibration: paid once per actor, at most 8 batches)."""
+        window auto, the chooser's paired calibration (spec_core.scd.window): every window that
+        could win on the same prompts (up to 3 of this shard's) and seed, then the best is locked."""
         if (kind, method, window) in self.warm:
             return
         self._run(kind, method, window, rows[:1], 7919, [0])
-        chooser = self.choosers.get((kind, method))
-        if chooser is not None:
-            g = len(rows) * (2 if self._scd(kind, method, window).cfg else 1)
-            for i in range(8):
-                if not chooser.exploring(g):
-                    break
-                self._run(kind, method, window, rows, 7920 + i, list(range(len(rows))))
+        if window == "auto" and self.choosers[(kind, method)].locked is None:
+            # a fresh chooser: the first run's times are cold (allocations, first calls)
+            chooser = self.choosers[(kind, method)] = self._chooser(kind, method)
+            g = self.plan.batch_size * (2 if self._scd(kind, method, window).cfg else 1)
+            tried: list[int] = []
+            for p, row in enumerate(rows[:3]):
+                todo = list(tried)
+                while True:  # the first prompt: whatever could still win; the others: the same windows
+                    if p == 0:
+                        worth = chooser.worth_trying(g)
+                        if not worth:
+                            break
+                        todo = [worth[0]]
+                        tried.append(worth[0])
+                    if not todo:
+                        break
+                    chooser.next_window = todo.pop(0)
+                    self._run(kind, method, window, [row], 7919, [0])
+            chooser.lock(g)
         self.warm.add((kind, method, window))
 
     def _media(self, kind: str, tokens_BN) -> list[tuple[bytes, object]]:
@@ -189,7 +206,7 @@ class ImageWorker:
                         todo = [r for r in batch if item_key(r["id"], method, window, seed) not in done]
                         if not todo:
                             continue
-                        self._warm_up(kind, method, window, todo)
+                        self._warm_up(kind, method, window, rows)
                         # end to end: prompt encoding, the sampling loop, decoding to pixels, PNG / GIF
                         tb = time.perf_counter()
                         res = self._run(kind, method, window, todo, seed, [prompt_key(r["id"]) for r in todo])

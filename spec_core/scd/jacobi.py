@@ -17,7 +17,7 @@ Every random draw is keyed on (seed, sample key, absolute position, iteration, s
 sample's output does not depend on its batch (see noise.py).
 
 Window "auto" (scd.window): the state keeps J = max_window - 1 draft slots and each iteration
-forwards only the first L_t - 1 of them, L_t chosen for committed tokens per second. A draft outside
+forwards only the first L_t - 1 of them, L_t chosen per request for committed tokens per second. A draft outside
 the forward stays as it is, with the q it was drawn from (still a draft from q, so verifying it later
 is as exact as now); the one right after the forward's drafts is verified by the forward's last row,
 which predicts its position. Re-drafting takes the forward's rows where they reach, the kept drafts
@@ -96,8 +96,8 @@ class JacobiDecoder:
     """Decode a batch of prompts into `layout.length` new tokens each with SJD / SCD.
 
     Under window "auto" the decoder owns a WindowChooser (or uses `chooser`, anything with its
-    choose / observe) that lives as long as the decoder: reuse one decoder across requests to
-    keep its cost fit and acceptance counts."""
+    begin / choose / observe) that lives as long as the decoder: reuse one decoder (or chooser)
+    across requests to keep its cost fit and acceptance counts."""
 
     def __init__(self, lm: VisualLM, layout: ImageLayout, cfg: ScdConfig, chooser: WindowChooser | None = None):
         self.lm, self.layout, self.cfg = lm, layout, cfg
@@ -249,6 +249,8 @@ class JacobiDecoder:
                                                 (st.q_BJP, st.g_BJP, st.tokens_BN) if t is not None)
         prefill_s = time.perf_counter() - t0
         it, windows = 0, []
+        if self.chooser is not None:  # one window for this batch's requests (window.py: why)
+            self.chooser.begin(len(st.len_G))
         while True:
             done = (st.n_B >= N).nonzero().squeeze(-1)
             for b in done.tolist():  # retire finished samples

@@ -6,33 +6,44 @@ commits k tokens (the leading accepted drafts plus one), so the window to run is
 
     L* = argmax_L E[k | L] / t(G L)
 
-with t the goodput engine's `CostModel` (t(T) = a + b T, least squares with forgetting) fitted on the
-measured seconds of every iteration, and E[k | L] the mean committed tokens per iteration observed
-while running at L. E[k | L] is measured, not predicted from per-draft acceptance: under coupling
-the drafts converge over the iterations that re-draft them, so what a draft position is worth
-depends on the windows that came before it (a window of 16 leaves the drafts past 16 stale, and
-per-position acceptance measured under it says positions past 16 are worthless - a trap).
+with t(G L) the mean measured seconds of an iteration at L (carried to another row count G by the
+goodput engine's `CostModel`, t(T) = a + b T fitted on every iteration: a line fitted over
+1..max_window tokens misjudges the ratio of two windows by as much as their difference in rate, a
+measured mean does not), and E[k | L] the mean committed tokens per iteration of the requests run
+at L. L is chosen per request (per `begin`, one decoder run: the batch's requests
+from their first iteration to their last), among the candidates max_window, max/2, ..., 1.
 
-L is chosen per segment of `segment` iterations among the candidates max_window, max/2, max/4,
-..., 1 (one L for the whole batch: a batch forward is dense anyway); after a change of L the first
-third of the segment, still on drafts the old window left, is not counted. The first segments try every
-candidate, largest first, that could still win; then
-every `reexplore`-th segment tries a neighbour of the best (half or double), so the estimates
-follow the running request. On a GPU, where a longer forward costs about
-as much as a short one, the largest window wins; on a CPU, where a 64-token forward costs several
-one-token ones, the one where extra rows stop paying for themselves.
+Why per request and not per iteration: under coupling the drafts converge over the iterations that
+re-draft them, so what an iteration at L commits depends on the windows that came before it. A
+window of 16 leaves the drafts past 16 stale (per-position acceptance measured under it says the
+positions past 16 are worthless - a trap), and a long window run for a few iterations after a short
+one commits less than it does when it runs throughout. Measured over whole requests, E[k | L] is
+what a request at L really commits, the quantity the latency of a fixed window is made of.
 
-Which candidates could still win: from the same state, a window c commits exactly min(k, c) where
-a longer one committed k (its first c - 1 drafts are the same drafts, verified by the same draws),
-and over later iterations no more than that (the drafts past c are not refreshed). So the commits
-per iteration observed at the longest explored window bound every shorter one: E[min(k, c)] over
-its observed histogram of k. A candidate whose bound per second loses to the best measured rate is
-never run. `exploring` says whether some candidate is still worth a first segment: a worker runs
-its untimed warm-up until it is not, so that the exploration is paid once per actor, not by the
-timed requests (as the goodput engine calibrates its cost model at start).
+The first requests try every candidate, largest first, that could still win; then every
+`reexplore`-th request tries a neighbour of the best (half or double), so the estimates follow the
+workload. On a GPU, where a longer forward costs about as much as a short one, the largest window
+wins; on a CPU, where a 64-token forward costs several one-token ones, the one where extra rows stop
+paying for themselves.
 
-The choice only changes which drafts are verified now: the decoder keeps the others (with the
-distribution they were drawn from) for later, so the output is distributed exactly as before.
+Which candidates could still win: from the same state, a window c commits exactly min(k, c) where a
+longer one committed k (its first c - 1 drafts are the same drafts, verified by the same draws), and
+over later iterations no more than that (its drafts past c are never refreshed). So the commits per
+iteration observed at an explored longer window bound a shorter one: E[min(k, c)] over its observed
+histogram of k. A candidate whose bound per second loses to the best measured rate is never run;
+before two windows have been timed the slope of t is unknown and every candidate is worth a try.
+`exploring` says whether some candidate still is.
+
+Requests differ far more than windows do (on the small generator one image commits 6 tokens per
+iteration at L = 64 and another 3.7), so windows compared on different requests are compared on
+their requests' luck, and a chooser that keeps updating the estimate of the window it runs while
+the others stay frozen chases that luck. A worker therefore calibrates paired: at actor start,
+untimed, it runs every candidate that could win on the same few prompts with the same seed
+(`next_window = L` before each), then `lock`s the best for its timed requests (as the goodput engine
+calibrates its cost model at start); a chooser never locked keeps exploring and re-exploring.
+
+Losslessness does not depend on the choice: the decoder keeps J = max_window - 1 drafts with the
+distributions they were drawn from, and a window only decides which of them are verified now.
 """
 
 from __future__ import annotations
@@ -43,15 +54,15 @@ from spec_core.decoding.goodput import CostModel
 
 
 class WindowChooser:
-    """L per iteration in [1, max_window] maximising expected committed tokens per second.
+    """L per request in [1, max_window] maximising expected committed tokens per second.
 
-    Lives as long as its decoder (across requests): the cost fit and the commit estimates carry
-    over, so exploration is paid once. `chosen` lists the L of every iteration."""
+    Lives as long as its decoder or worker (across requests): the cost fit and the commit
+    estimates carry over, so exploration is paid once. `chosen` lists the L of every iteration."""
 
-    def __init__(self, max_window: int, segment: int = 24, reexplore: int = 8, decay: float = 0.9):
+    def __init__(self, max_window: int, reexplore: int = 16, decay: float = 0.9):
         if max_window < 1:
             raise ValueError(f"max_window must be >= 1, got {max_window}")
-        self.max_window, self.segment, self.reexplore, self.decay = max_window, segment, reexplore, decay
+        self.max_window, self.reexplore, self.decay = max_window, reexplore, decay
         self.cost = CostModel()
         L, cands = max_window, []
         while L > 1:
@@ -59,20 +70,24 @@ class WindowChooser:
             L //= 2
         self.candidates = cands + [1]  # largest first: the exploration order
         # per candidate: committed tokens and sample-iterations, and the histogram of commits per
-        # sample-iteration (k = 1..c), decayed once per segment run at it
+        # sample-iteration (k = 0..c), decayed once per request run at it
         self.commits = {c: 0.0 for c in self.candidates}
         self.iters = {c: 0.0 for c in self.candidates}
         self.hist_K = {c: torch.zeros(c + 1, dtype=torch.float64) for c in self.candidates}
+        # per candidate: seconds, tokens forwarded (rows L) and iterations, decayed alike
+        self.secs = {c: 0.0 for c in self.candidates}
+        self.tokens = {c: 0.0 for c in self.candidates}
+        self.steps = {c: 0.0 for c in self.candidates}
         self.chosen: list[int] = []
-        self.segments = 0
+        self.requests = 0
         self.current = self.candidates[0]
-        self._left = 0  # iterations left in the current segment
-        self._settle = 0  # its first iterations after a change of L: not counted
+        self.locked: int | None = None  # the window of every request after `lock`
+        self.next_window: int | None = None  # the next request's window, set by a calibration
 
     def expected_commits(self) -> dict[int, float]:
         """E[k | L] per explored candidate, made non-decreasing in L: from the same state a longer
         window commits at least as much (its first rows are the shorter one's), so a dip is noise
-        of the positions and requests each estimate happened to see."""
+        of the requests each estimate happened to see."""
         out, top = {}, 0.0
         for c in reversed(self.candidates):  # increasing L
             if self.iters[c] > 0:
@@ -80,9 +95,18 @@ class WindowChooser:
                 out[c] = top
         return out
 
+    def iteration_s(self, c: int, rows: int) -> float:
+        """Seconds of an iteration at window c over `rows` rows: the mean measured at c, scaled by
+        the cost line from the mean tokens it was measured at to rows c (the line alone before)."""
+        if self.steps[c] <= 0:
+            return self.cost.verify_s(rows * c)
+        mean_s, mean_T = self.secs[c] / self.steps[c], self.tokens[c] / self.steps[c]
+        at = self.cost.verify_s(round(mean_T))
+        return mean_s * self.cost.verify_s(rows * c) / at if at > 0 else mean_s
+
     def rates_per_second(self, rows: int) -> dict[int, float]:
         """Expected committed tokens per second (per sample) of every explored candidate."""
-        return {c: e / max(self.cost.verify_s(rows * c), 1e-12) for c, e in self.expected_commits().items()}
+        return {c: e / max(self.iteration_s(c, rows), 1e-12) for c, e in self.expected_commits().items()}
 
     def best(self, rows: int) -> int:
         r = self.rates_per_second(rows)
@@ -105,49 +129,60 @@ class WindowChooser:
 
     def worth_trying(self, rows: int) -> list[int]:
         """Unexplored candidates, largest first, whose commit bound per second could still beat
-        the best measured rate (all of them while the cost of a longer forward is unknown: one
-        window's timings say nothing of the slope)."""
+        the best measured rate (all of them while the cost of a longer forward is unknown)."""
         rates = self.rates_per_second(rows)
         top = max(rates.values()) if rates else 0.0
+        sloped = len(rates) >= 2  # two windows timed (a request's capped tail says little of the slope)
         out = []
         for c in self.candidates:
             if self.iters[c] > 0:
                 continue
             bound = self.commit_bound(c)
-            if bound is None or not self.cost.varied or bound / max(self.cost.verify_s(rows * c), 1e-12) >= top:
+            if bound is None or not sloped or bound / max(self.cost.verify_s(rows * c), 1e-12) >= top:
                 out.append(c)
         return out
 
     def exploring(self, rows: int) -> bool:
-        """Whether some candidate still deserves its first segment."""
+        """Whether some candidate still deserves its first request."""
         return bool(self.worth_trying(rows))
 
-    def _next_segment(self, rows: int) -> int:
-        best = self.best(rows)
-        unexplored = self.worth_trying(rows)
-        if unexplored:
-            return unexplored[0]
-        if self.segments % self.reexplore == 0:  # a neighbour of the best, alternately below / above
+    def lock(self, rows: int) -> int:
+        """From now on every request runs at the best window for `rows` rows (after a paired
+        calibration: see the module docstring)."""
+        self.locked = self.best(rows)
+        return self.locked
+
+    def begin(self, rows: int) -> int:
+        """A request (a batch of `rows` rows) starts: its window, kept until it ends
+        (`next_window` when a calibration set it)."""
+        best, unexplored = self.best(rows), self.worth_trying(rows)
+        self.requests += 1
+        window, self.next_window = self.next_window, None
+        if window is not None:
+            if window not in self.candidates:
+                raise ValueError(f"window {window} is not a candidate {self.candidates}")
+            L = window
+        elif self.locked is not None:
+            L = self.locked
+        elif unexplored:
+            L = unexplored[0]
+        elif self.requests % self.reexplore == 0:  # a neighbour of the best, alternately below / above
             i = self.candidates.index(best)
-            side = (self.segments // self.reexplore) % 2
-            j = min(i + 1, len(self.candidates) - 1) if side else max(i - 1, 0)
-            return self.candidates[j]
-        return best
+            side = (self.requests // self.reexplore) % 2
+            L = self.candidates[min(i + 1, len(self.candidates) - 1) if side else max(i - 1, 0)]
+        else:
+            L = best
+        self.current = L
+        self.commits[L] *= self.decay
+        self.iters[L] *= self.decay
+        self.hist_K[L] *= self.decay
+        self.secs[L] *= self.decay
+        self.tokens[L] *= self.decay
+        self.steps[L] *= self.decay
+        return L
 
     def choose(self, rows: int, cap: int | None = None) -> int:
-        """This iteration's L for a forward over `rows` rows; at most `cap` (the rows still useful)."""
-        if self._left == 0:
-            L = self._next_segment(rows)
-            # after a change of L the first iterations run on drafts the old window left stale (or,
-            # growing, fresh) and not yet converged: what they commit belongs to neither window
-            self._settle = self.segment // 3 if L != self.current else 0
-            self.current = L
-            self.segments += 1
-            self._left = self.segment
-            self.commits[self.current] *= self.decay
-            self.iters[self.current] *= self.decay
-            self.hist_K[self.current] *= self.decay
-        self._left -= 1
+        """This iteration's L: the request's, at most `cap` (the rows still useful)."""
         L = self.current if cap is None else max(1, min(self.current, cap))
         self.chosen.append(L)
         return L
@@ -157,15 +192,17 @@ class WindowChooser:
         """An iteration of window L took `seconds`; sample b accepted its first leading_B[b] drafts
         and so committed min(leading + 1, left_B[b]) tokens (left: tokens it still needed)."""
         self.cost.observe(rows * L, seconds)
+        if L != self.current:  # a capped iteration at the end of a request says little about L
+            return
         k_B = leading_B.to(torch.long).cpu() + 1
         if left_B is not None:
             k_B = torch.minimum(k_B, left_B.to(torch.long).cpu())
-        if self._settle > 0:
-            self._settle -= 1
-        elif L == self.current:  # a capped iteration at the end of a request says little about L
-            self.commits[L] += float(k_B.sum())
-            self.iters[L] += len(k_B)
-            self.hist_K[L] += torch.bincount(k_B.clamp(1, L), minlength=L + 1).to(torch.float64)
+        self.commits[L] += float(k_B.sum())
+        self.iters[L] += len(k_B)
+        self.hist_K[L] += torch.bincount(k_B.clamp(1, L), minlength=L + 1).to(torch.float64)
+        self.secs[L] += seconds
+        self.tokens[L] += rows * L
+        self.steps[L] += 1
 
     def stats(self) -> dict:
         """What reports show: iterations, mean L, the cost fit, E[k | L] per candidate."""

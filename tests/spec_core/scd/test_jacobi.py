@@ -73,10 +73,11 @@ def _sample(model, window, coupling, processed=False, seed=0, alpha=1.0, n=N_SAM
 
 
 @pytest.mark.parametrize("coupling", ["none", "mc", "gs"])
-@pytest.mark.parametrize("window", [3, 6, "auto"])
+@pytest.mark.parametrize("window", [3, 6, "auto", "scripted"])
 def test_lossless_by_exact_enumeration(model, exact_plain, coupling, window):
-    # auto: the real chooser, switching L every iteration (6, 3, 1 while it explores)
-    extra = dict(window_chooser=WindowChooser(6, segment=1)) if window == "auto" else {}
+    # auto: the real chooser (one window per request, 6 first while it explores); scripted: a
+    # window changing every iteration, leaving kept drafts behind
+    extra = dict(window_chooser=WindowChooser(6)) if window == "auto" else {}
     out = _sample(model, window, coupling, max_window=6, **extra)
     assert chi_square_pvalue(out.sequences, exact_plain) > 1e-5
     assert float(out.nfe_per_sample.float().mean()) < 3.9  # drafts were accepted: AR needs 4
