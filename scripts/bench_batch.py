@@ -3,8 +3,7 @@ AR at each batch size under fixed trees and the goodput policy. Same target, pro
 
     python scripts/bench_batch.py --target runs/reference/small/target --batch 1 --batch 8 --reps 7
     python scripts/bench_batch.py --target runs/reference/small/target --grid \
-        --method fovea=runs/demo/train_drafter/reference-small/drafter --method recycling \
-        --batch 1 --batch 2 --batch 4 --batch 8 --batch 16 --reps 3
+        --method eagle2=<EAGLE-2-style drafter> --method fovea=<FOVEA drafter> --method recycling --reps 3
 
 Part 1 (always):
 Greedy, a fixed number of new tokens (EOS off on both sides), the same dtype and torch threads.
@@ -96,6 +95,8 @@ def main() -> None:
                     help="name=drafter_dir (a trained drafter) or a training-free kind (pld, sam, lookahead, recycling)")
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--grid-max-new", type=int, default=96)
+    ap.add_argument("--grid-batch", action="append", type=int, default=[],
+                    help="grid batch sizes (default 1, 2, 4, 8, 16); --batch sets part 1's")
     ap.add_argument("--eager-drafter", action="store_true",
                     help="grid: also goodput with the drafter fed at every AR step (no deferral), to compare")
     args = ap.parse_args()
@@ -152,7 +153,7 @@ def grid(adapter, processor, args) -> None:
         else:  # training-free: its own budget for the fixed trees
             methods[name] = dict(proposer=proposer_factory(name, vocab), budget=DEFAULT_BUDGET[name])
     cap = max(r.inputs["input_ids"].shape[1] for r in reqs) + args.grid_max_new + 128
-    for b in args.batch or [1, 2, 4, 8, 16]:
+    for b in args.grid_batch or [1, 2, 4, 8, 16]:
         engines = {("ar", ""): DecodeEngine(adapter, None, batch_size=b, capacity=cap, eos_token_ids=eos)}
         for name, m in methods.items():
             for tname, tree in TREES.items():

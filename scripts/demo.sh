@@ -26,14 +26,14 @@ if [ "$QUICK" = 1 ]; then
   EPOCHS=2
   GEN_LIMIT=2             # evaluation samples per task
   IMG_LIMIT=2             # image prompts and video prompts
-  BUILD_MIN=1; JOBS_MIN=6 # measured on 2 cores (README: the demo, measured)
+  BUILD_MIN=1; JOBS_MIN=6 # measured on 2 cores (docs/results.md: the demo, measured)
   ETA=(1 1 1 1 1 1)       # minutes per job: synth_data build_manifests precompute train generate images
 else
   WORLD=small
   DATA_SET=()
-  # Measured (README): 1,200 samples x 3 epochs gave top-1 0.84 / 0.82 / 0.79 per draft step and
+  # Measured (an earlier demo): 1,200 samples x 3 epochs gave top-1 0.84 / 0.82 / 0.79 per draft step and
   # 1.28-1.34x; 6,000 x 2 epochs (750 updates, 16 min) gives 0.94 / 0.93 / 0.86 - the quality of
-  # the README's 11,994 x 1 epoch drafters - and 1.5x, every task faster than AR with the CPU tree.
+  # the benchmark's 11,994 x 1 epoch drafters (docs/results.md) - and 1.5x, every task faster than AR with the CPU tree.
   PRECOMPUTE_LIMIT=6000   # of the 11,994 training samples: a stratified sample of all six tasks
   EPOCHS=2
   GEN_LIMIT=10            # evaluation samples per task

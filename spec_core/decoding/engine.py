@@ -559,6 +559,14 @@ class DecodeEngine:
         """Proposers that learn from the target (Token Recycling's `update`) see the root and the
         real tree nodes with the target's next-token logits at each."""
         N = tree.tokens_BN.shape[1]
+        if N == 0 and all(hasattr(p, "learn") for p in self.proposers if p is not None):
+            # an AR step (the goodput policy's choice): one top-k for every slot, one row each
+            k = next(p.k for p in self.proposers if p is not None)
+            top_BK = logits_BMV[:, 0].topk(k, dim=-1).indices
+            for b, prop in enumerate(self.proposers):
+                if active[b]:
+                    prop.learn(self.slots[b].tokens[-1], top_BK[b])  # the root: the last token out
+            return
         real_BN = tree.parent_BN != torch.arange(1, N + 1, device=self.device)  # pads are their own parent
         for b, prop in enumerate(self.proposers):
             if not active[b] or not hasattr(prop, "update"):

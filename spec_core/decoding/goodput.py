@@ -168,13 +168,16 @@ class GoodputPolicy:
     cost fit sees several token counts at this batch size and context - its calibration on the
     running hardware; every `reexplore` steps one such step, drafted at full depth, keeps the fit
     and the value curves current. Where no draft pays (plan says 0), a full-depth probe still runs
-    after a pause that doubles up to `max_pause` steps."""
+    after a pause that doubles up to `max_pause` steps, or longer where one probe costs more than
+    `probe_share` of that many AR steps (a full tree at batch 16 costs several AR steps: probing
+    every 64 steps cost a training-free proposer 10% against AR where its drafts never paid)."""
 
-    def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1):
+    def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1,
+                 probe_share: float = 0.02):
         self.cost, self.acceptance = CostModel(), AcceptanceModel()
         self.budget, self.depth, self.alpha = budget, depth, alpha
         self.explore = [budget, 0, max(1, budget // 2), max(1, budget // 4)]
-        self.reexplore, self.max_pause = reexplore, max_pause
+        self.reexplore, self.max_pause, self.probe_share = reexplore, max_pause, probe_share
         self.value: list[list[float] | None] = [None] * (depth + 1)  # V_d(N), N = 0..budget (EMA)
         self.steps, self.pause, self.idle = 0, 1, 0
         self.chosen: list[int] = []            # node count per step (0: AR)
@@ -200,11 +203,21 @@ class GoodputPolicy:
             d = self._best_depth(n_active, rows)
             self.idle = self.idle + 1 if d == 0 else 0
             if d == 0 and self.idle > self.pause:  # probe: do drafts pay again?
-                d, self.idle, self.pause = self.depth, 0, min(2 * self.pause, self.max_pause)
+                d, self.idle, self.pause = self.depth, 0, min(2 * self.pause, self.pause_limit(rows))
             elif d > 0:
                 self.pause = 1
         self.depths.append(d)
         return d
+
+    def pause_limit(self, rows: int) -> int:
+        """The longest pause between probes: max_pause, or as many AR steps as make one full-depth
+        probe cost `probe_share` of them."""
+        a, b = self.cost.coefficients()
+        ar = a + b * rows
+        probe = self.depth * self.cost.draft_per_depth + self.cost.commit_extra() + a + b * rows * (1 + self.budget)
+        if ar <= 0:
+            return self.max_pause
+        return max(self.max_pause, math.ceil(probe / (self.probe_share * ar)))
 
     def _best_depth(self, n_active: int, rows: int) -> int:
         a, b = self.cost.coefficients()  # t_verify(T) = a + b T, read once for every candidate

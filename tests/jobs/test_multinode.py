@@ -22,6 +22,8 @@ from jobs.precompute import main as precompute
 from spec_core.reference.tasks import make_split
 from spec_core.reference.vlm.build import build_target
 
+pytestmark = pytest.mark.ray  # a multi-node Ray cluster per module
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):

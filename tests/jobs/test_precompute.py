@@ -131,6 +131,8 @@ def test_an_image_whose_owner_sample_is_rejected_still_gets_its_visual_tokens(wo
     torch.testing.assert_close(got, expect.half().float())
 
 
+@pytest.mark.ray  # the killed run is a subprocess with its own Ray
+@pytest.mark.slow
 def test_a_killed_run_reruns_to_exactly_once(world, tmp_path):
     root, samples, manifest = world
     out = tmp_path / "out"

@@ -76,6 +76,8 @@ def test_two_schedulers_run_each_batch_exactly_once(world, ray_local, s3_bucket)
     assert "generate_videos" in bad["error"]
 
 
+@pytest.mark.ray  # the killed scheduler is a subprocess with its own Ray
+@pytest.mark.slow
 def test_a_scheduler_killed_mid_batch_is_finished_by_the_next_run(world, tmp_path):
     queue, out = tmp_path / "queue", tmp_path / "out"
     Storage().write_text(str(queue / "pending" / "nightly.yaml"), request(world, limit=N_KILL, max_new=48))

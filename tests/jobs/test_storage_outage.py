@@ -74,6 +74,7 @@ def test_one_line_errors_unwraps_ray(capsys):
 
 # --- batch leases ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_batch_leases_ride_out_an_outage(s3_bucket, proxy):
     from jobs.lib.batch_queue import BatchQueue
 

@@ -46,6 +46,7 @@ def test_mismatch_rate_is_position_wise():
     assert rate([[1, 2]], [[1]]) == 1 / 2  # a missing token is a mismatch
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
 def test_gpu_check_skips_cleanly_without_cuda(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path)}

@@ -95,7 +95,14 @@ class TokenRecycling:
         tokens_T = torch.as_tensor(tokens_T, dtype=torch.long, device=logits_TV.device).reshape(-1)
         if tokens_T.numel() == 0:
             return
-        top_TK = logits_TV.topk(self.k, dim=-1).indices
+        self.learn(tokens_T, logits_TV.topk(self.k, dim=-1).indices)
+
+    def learn(self, tokens_T: torch.Tensor | int, top_TK: torch.Tensor) -> None:
+        """adj[tokens[t]] <- top_TK[t] (the target's top-k ids after tokens[t]), the last of a
+        repeated token winning; one token (an AR step) is one row write."""
+        if isinstance(tokens_T, int):
+            self.adj_VK[tokens_T] = top_TK.reshape(-1).to(self.adj_VK.device)
+            return
         uniq_U, inv_T = tokens_T.unique(return_inverse=True)
         pos_T = torch.arange(tokens_T.numel(), device=tokens_T.device)
         last_U = torch.full_like(uniq_U, -1).scatter_reduce(0, inv_T, pos_T, reduce="amax")  # last position of each token

@@ -147,3 +147,19 @@ def test_a_proposer_chain_deeper_than_the_tree_depth_counts_in_the_deepest_curve
     pol.choose(tree, torch.tensor([True]), 1)
     p = pol.acceptance.predict(None, depth)[0].tolist()
     assert pol.value[3][10] == pytest.approx(sum(p)) and pol.value[1][10] == pytest.approx(p[0])
+
+
+def test_probes_where_no_draft_pays_cost_a_bounded_share_of_ar_time():
+    """A full-depth probe that costs 300 AR steps is run at most every probe / (2% of an AR step)
+    steps once the pause has doubled that far: over 4,000 AR steps the probes' cost stays below
+    what the doubling from 1 to that limit spends, and never more often than max_pause allows."""
+    pol = _trained_policy(0.01, 0.0001, per_depth=1.0)
+    ar = pol.cost.verify_s(1)
+    probe = 3 * 1.0 + pol.cost.commit_extra() + pol.cost.verify_s(1 + pol.budget)
+    assert pol.pause_limit(1) == pytest.approx(probe / (0.02 * ar), rel=1e-3, abs=1)
+    plans = [pol.plan(1, 1) for _ in range(4000)]
+    probes = [i for i, d in enumerate(plans) if d]
+    assert 0 < len(probes) <= 13  # 1, 2, 4, ... doubling: about log2(4000) probes
+    assert all(b - a >= 64 for a, b in zip(probes[6:], probes[7:]))  # pauses past max_pause's 64
+    cheap = _trained_policy(0.01, 0.0001, per_depth=1e-6)
+    assert cheap.pause_limit(1) == cheap.max_pause  # a cheap probe: the usual 64

@@ -101,6 +101,7 @@ def trained_drafter(adapter, inputs: dict) -> FoveaDrafter:
 @pytest.mark.parametrize("sampling,methods", [
     (SamplingConfig(do_sample=True, temperature=1.0), ("fovea", "ar")),
     (SamplingConfig(do_sample=True, temperature=0.7, top_k=4, top_p=0.9), ("fovea",))])
+@pytest.mark.slow
 def test_speculative_sampling_matches_the_exact_distribution(sampling, methods, policy):
     model = tiny_vocab_target()
     adapter = adapter_for(model)
@@ -129,6 +130,7 @@ def test_speculative_sampling_matches_the_exact_distribution(sampling, methods, 
             assert sum(sum(r.accept_lengths) - r.steps for r in results) > (n // 2 if policy == "fixed" else 0)
 
 
+@pytest.mark.slow
 def test_a_seeded_request_samples_the_same_tokens_whatever_decodes_it(tiny_world):
     """Keyed draws: AR, speculative with either tree policy, alone or batched - the same sequence
     (the token at a position is the inverse CDF at a uniform keyed by the seed and position)."""

@@ -65,6 +65,7 @@ def test_viskip_never_changes_outputs(tiny_world, tau, policy):
                 assert all(k == 1 for r in results for k in r.accept_lengths)
 
 
+@pytest.mark.slow
 def test_viskip_with_a_drafter_skips_some_steps_and_drafts_others(tiny_world):
     adapter, processor, drafter, evals, _ = tiny_world
     engine = DecodeEngine(adapter, drafter, capacity=256, track_visual=True)

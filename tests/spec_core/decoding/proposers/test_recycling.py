@@ -25,6 +25,10 @@ def test_update_overwrites_rows_in_order():
             for t in range(T):
                 want[int(tokens[t])] = logits[t].argsort(descending=True)[:k].tolist()
             assert tr.adj_VK.tolist() == want
+        one = int(tokens[0])  # an AR step's root: one row from a top-k computed for the batch
+        tr.learn(one, logits[0].topk(k).indices)
+        want[one] = logits[0].argsort(descending=True)[:k].tolist()
+        assert tr.adj_VK.tolist() == want
 
 
 def test_default_template_is_token_recyclings_80_node_tree():
