@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 
 from pydantic import Field, model_validator  # noqa: E402
 
-from jobs.generate import (ComputeSection, DataSection, GenerateConfig, MethodSection,  # noqa: E402
-                           TargetSection)
-from jobs.generate import main as generate_main  # noqa: E402
+from jobs.lib.generate_run import (ComputeSection, DataSection, GenerateConfig, MethodSection,  # noqa: E402
+                                   TargetSection)
+from jobs.lib.generate_run import main as generate_main  # noqa: E402
 from jobs.lib.config import cli  # noqa: E402
 from jobs.lib.job import JobConfig, RunSection, one_line_errors  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402

@@ -76,12 +76,14 @@ class JobConfig(Strict):
 
 
 def job_entry(job: str):
-    """(config class, main) of `jobs/<job>.py`: its one JobConfig subclass and its main()."""
+    """(config class, main) of `jobs/<job>.py`: the JobConfig subclass it defines (or the one it
+    takes from jobs/lib, as generate does from the run it shares with benchmark) and its main()."""
     import importlib
 
     module = importlib.import_module(f"jobs.{job}")
-    (cls,) = {v for v in vars(module).values() if isinstance(v, type) and issubclass(v, JobConfig)
-              and v is not JobConfig and v.__module__ == module.__name__}
+    found = {v for v in vars(module).values() if isinstance(v, type) and issubclass(v, JobConfig)
+             and v is not JobConfig}
+    (cls,) = {v for v in found if v.__module__ == module.__name__} or found
     return cls, module.main
 
 
