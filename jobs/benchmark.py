@@ -31,11 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 
 from pydantic import Field, model_validator  # noqa: E402
 
-from jobs.lib.generate_run import (ComputeSection, DataSection, GenerateConfig, MethodSection,  # noqa: E402
+from jobs._generate.run import (ComputeSection, DataSection, GenerateConfig, MethodSection,  # noqa: E402
                                    TargetSection)
-from jobs.lib.generate_run import main as generate_main  # noqa: E402
-from jobs.lib.config import cli  # noqa: E402
-from jobs.lib.job import JobConfig, RunSection, one_line_errors  # noqa: E402
+from jobs._generate.run import main as generate_main  # noqa: E402
+from jobs.lib.job import JobConfig, RunSection, run_job  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.run_key import open_run  # noqa: E402
 from jobs.lib.storage import Storage, join  # noqa: E402
@@ -81,7 +80,7 @@ class BenchmarkConfig(JobConfig):
 def main(cfg: BenchmarkConfig) -> dict:
     import pyarrow.parquet as pq
 
-    from jobs.lib import benchmark_report as br
+    from jobs._generate import benchmark_report as br
 
     store = Storage(cfg.storage)
     run_dir = cfg.run_dir("benchmark")
@@ -132,11 +131,10 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
+def summary(cfg: BenchmarkConfig, m: dict) -> list[str]:
+    return [f"{k}: MAT {v['mat']}, speedup {v['speedup']}x (per-sample mean {v['per_sample_speedup']}x)"
+            for k, v in m["figures"].items() if isinstance(v, dict)] + [f"-> {m['figures']['run_dir']}"]
+
+
 if __name__ == "__main__":
-    cfg = cli(BenchmarkConfig, description=__doc__)
-    with one_line_errors("benchmark", FileNotFoundError, PermissionError, ConnectionError, ValueError):
-        m = main(cfg)
-    for k, v in m["figures"].items():
-        if isinstance(v, dict):
-            print(f"benchmark: {k}: MAT {v['mat']}, speedup {v['speedup']}x (per-sample mean {v['per_sample_speedup']}x)")
-    print(f"benchmark: -> {m['figures']['run_dir']}")
+    run_job("benchmark", summary, FileNotFoundError, PermissionError, ConnectionError, ValueError)

@@ -6,7 +6,7 @@
 Reads the dataset manifest YAML(s) named in `data.manifests` (manifests/datasets/*.yaml; ${NAME}
 comes from data.vars, then the environment, then the manifest's own vars) and writes
 <output_uri>/build_manifests/<run_id>/{train.parquet, eval/<source>.parquet, rejects.parquet,
-manifest_report.json} (schema and protocol: jobs.lib.manifests). run_id=null means
+manifest_report.json} (schema and protocol: jobs._build_manifests.manifests). run_id=null means
 'm-<hash of the resolved manifests>'. The build is deterministic; when manifest_report.json of
 the same manifests is already there the run is skipped (the sources are not re-read), and
 `data.force=true` rebuilds, writing byte-identical files when the sources are unchanged.
@@ -24,11 +24,11 @@ sys.path.insert(0, str(REPO))  # `python jobs/x.py` from anywhere
 
 from pydantic import Field  # noqa: E402
 
-from jobs.lib.config import EXIT_CONFIG_ERROR, ConfigError, Strict, cli  # noqa: E402
-from jobs.lib.job import JobConfig  # noqa: E402
-from jobs.lib.manifests import SourceError, build, load_manifest, spec_hash  # noqa: E402
+from jobs.lib.config import Strict  # noqa: E402
+from jobs.lib.job import JobConfig, run_job  # noqa: E402
+from jobs._build_manifests.manifests import SourceError, build, load_manifest, spec_hash  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
-from jobs.lib.run_key import RunMismatch, open_run  # noqa: E402
+from jobs.lib.run_key import open_run  # noqa: E402
 from jobs.lib.storage import Storage, join, run_dir, scheme_of  # noqa: E402
 
 
@@ -79,12 +79,11 @@ def main(cfg: BuildManifestsConfig) -> dict:
     return rec.finish()
 
 
-if __name__ == "__main__":
-    try:  # one line on stderr: exit code 2 for a bad config or manifest, 1 for a bad source
-        m = main(cli(BuildManifestsConfig, description=__doc__))
-    except (ConfigError, RunMismatch, SourceError, ConnectionError) as err:  # ConnectionError: storage down
-        print(err, file=sys.stderr)
-        raise SystemExit(1 if isinstance(err, (SourceError, ConnectionError)) else EXIT_CONFIG_ERROR) from None
+def summary(cfg: BuildManifestsConfig, m: dict) -> list[str]:
     f = m["figures"]
-    print(f"build_manifests: {f['train_rows']} train / {f['eval_rows']} eval rows -> {f['manifest_uri']}"
-          + (" (already built)" if f["skipped"] else ""))
+    return [f"{f['train_rows']} train / {f['eval_rows']} eval rows -> {f['manifest_uri']}"
+            + (" (already built)" if f["skipped"] else "")]
+
+
+if __name__ == "__main__":  # a bad config or manifest: exit 2; a bad source or storage down: exit 1
+    run_job("build_manifests", summary, SourceError, ConnectionError)

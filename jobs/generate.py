@@ -20,18 +20,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.py` from anywhere
 
-from jobs.lib.config import cli  # noqa: E402
-from jobs.lib.generate_run import (ComputeSection, DataSection, GenerateConfig, MethodSection,  # noqa: E402, F401
-                                   TargetSection, main)
-from jobs.lib.job import one_line_errors  # noqa: E402
+from jobs._generate.run import (ComputeSection, DataSection, GenerateConfig, MethodSection,  # noqa: E402, F401
+                                TargetSection, main)
+from jobs.lib.job import run_job  # noqa: E402
 
-if __name__ == "__main__":
-    cfg = cli(GenerateConfig, description=__doc__)
-    # an unreadable manifest, target or drafter, or unreachable storage: one line, exit 1
-    with one_line_errors("generate", FileNotFoundError, PermissionError, ConnectionError, ValueError):
-        m = main(cfg)
+
+def summary(cfg: GenerateConfig, m: dict) -> list[str]:
     f = m["figures"]
-    for name in cfg.compare[1:]:
-        print(f"generate: {name}: tau {f[f'{name}_tau']}, batch-1 speedup {f[f'{name}_speedup_batch1']}x, "
-              f"throughput ratio per batch {f[f'{name}_throughput_ratio']}")
-    print(f"generate: {m['counts'].get('samples', 0)} samples, {m['counts'].get('rejects', 0)} rejects -> {f['run_dir']}")
+    return [f"{name}: tau {f[f'{name}_tau']}, batch-1 speedup {f[f'{name}_speedup_batch1']}x, "
+            f"throughput ratio per batch {f[f'{name}_throughput_ratio']}" for name in cfg.compare[1:]] + [
+        f"{m['counts'].get('samples', 0)} samples, {m['counts'].get('rejects', 0)} rejects -> {f['run_dir']}"]
+
+
+if __name__ == "__main__":  # an unreadable manifest, target or drafter, or unreachable storage: one line, exit 1
+    run_job("generate", summary, FileNotFoundError, PermissionError, ConnectionError, ValueError)

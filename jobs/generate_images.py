@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 
 from pydantic import Field, model_validator  # noqa: E402
 
-from jobs.lib.config import Strict, cli  # noqa: E402
-from jobs.lib.job import ActorPoolSection, JobConfig, one_line_errors  # noqa: E402
+from jobs.lib.config import Strict  # noqa: E402
+from jobs.lib.job import ActorPoolSection, JobConfig, run_job  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.model_cache import read_model_file  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
@@ -142,7 +142,7 @@ def read_prompts(store: Storage, uri: str, limit_per_kind: int | None, seed: int
 def main(cfg: GenerateImagesConfig) -> dict:
     import ray
 
-    from jobs.lib.image_worker import ImagePlan, ImageWorker
+    from jobs._generate_images.worker import ImagePlan, ImageWorker
 
     store = Storage(cfg.storage)
     run_dir = cfg.run_dir("generate_images")
@@ -189,7 +189,7 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str) -> dict:
     import pyarrow.parquet as pq
     from PIL import Image
 
-    from jobs.lib import image_report as ir
+    from jobs._generate_images import report as ir
     from jobs.lib.metrics import actor_device
 
     items, rejects = _read_all(store, join(run_dir, "items")), _read_all(store, join(run_dir, "rejects"))
@@ -275,16 +275,16 @@ def _grid_rows(store: Storage, run_dir: str, items: list[dict], kind: str, Image
     return out
 
 
-if __name__ == "__main__":
-    cfg = cli(GenerateImagesConfig, description=__doc__)
-    # an unreadable manifest or generator, or unreachable storage: one line, exit 1
-    with one_line_errors("generate_images", FileNotFoundError, PermissionError, ConnectionError, ValueError):
-        m = main(cfg)
-    f = m["figures"]
+def summary(cfg: GenerateImagesConfig, m: dict) -> list[str]:
+    f, lines = m["figures"], []
     for k, v in f.items():
         if k.endswith("_nfe_accel"):
             auto = f.get(k[:-10] + "_auto_mean_window")
-            print(f"generate_images: {k[:-10]}: NFE / latency acceleration per window "
-                  f"{ {w: (x, f[k[:-10] + '_latency_accel'][w]) for w, x in v.items()} }"
-                  + (f" (auto: mean L {auto})" if auto is not None else ""))
-    print(f"generate_images: {m['counts'].get('items', 0)} items, {m['counts'].get('rejects', 0)} rejects -> {f['run_dir']}")
+            lines.append(f"{k[:-10]}: NFE / latency acceleration per window "
+                         f"{ {w: (x, f[k[:-10] + '_latency_accel'][w]) for w, x in v.items()} }"
+                         + (f" (auto: mean L {auto})" if auto is not None else ""))
+    return lines + [f"{m['counts'].get('items', 0)} items, {m['counts'].get('rejects', 0)} rejects -> {f['run_dir']}"]
+
+
+if __name__ == "__main__":  # an unreadable manifest or generator, or unreachable storage: one line, exit 1
+    run_job("generate_images", summary, FileNotFoundError, PermissionError, ConnectionError, ValueError)

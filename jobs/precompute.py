@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 from pydantic import Field  # noqa: E402
 
 from jobs.lib.artifact_store import ARTIFACT_VERSION, committed_shards  # noqa: E402
-from jobs.lib.config import Strict, cli  # noqa: E402
-from jobs.lib.job import ActorPoolSection, JobConfig, one_line_errors  # noqa: E402
+from jobs.lib.config import Strict  # noqa: E402
+from jobs.lib.job import ActorPoolSection, JobConfig, run_job  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.model_cache import model_identity  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
@@ -114,7 +114,7 @@ def main(cfg: PrecomputeConfig) -> dict:
     storage = cfg.storage  # the object itself: a model_dump would turn secrets into "**********"
     with rec.stage("precompute") as st:
         if pending:
-            from jobs.lib.precompute_stages import EncodeShard, TargetStage
+            from jobs._precompute.stages import EncodeShard, TargetStage
 
             target_path = str(Path(cfg.target.path).resolve()) if scheme_of(cfg.target.path) == "file" else cfg.target.path
             ds = ray.data.from_items(pending, override_num_blocks=len(pending))
@@ -192,11 +192,11 @@ def finish(rec: RunRecorder, store: Storage, root: str, shards: list[dict], done
     return rec.finish()
 
 
-if __name__ == "__main__":
-    cfg = cli(PrecomputeConfig, description=__doc__)
-    # an unreadable manifest or target, or unreachable storage: one line, exit 1, nothing committed
-    with one_line_errors("precompute", FileNotFoundError, PermissionError, ConnectionError):
-        m = main(cfg)
+def summary(cfg: PrecomputeConfig, m: dict) -> list[str]:
     f = m["figures"]
-    print(f"precompute: {f['samples']} samples, rejects {f['rejects']}, {f['bytes_per_sample']} B/sample "
-          f"({f['naive_bytes_ratio']}x a naive dump) -> {f['artifacts_uri']}")
+    return [f"{f['samples']} samples, rejects {f['rejects']}, {f['bytes_per_sample']} B/sample "
+            f"({f['naive_bytes_ratio']}x a naive dump) -> {f['artifacts_uri']}"]
+
+
+if __name__ == "__main__":  # an unreadable manifest or target, or unreachable storage: one line, exit 1, nothing committed
+    run_job("precompute", summary, FileNotFoundError, PermissionError, ConnectionError)

@@ -11,7 +11,7 @@ A request is a YAML object under <queue>/pending/<id>.yaml:
     config: {data: {manifest: s3://...}}       # optional inline config (applied last)
 
 Its run id defaults to the batch id, so a batch's outputs land in <output_uri>/<job>/<id>/ and a
-rerun resumes there. Each batch is claimed with a lease (jobs.lib.batch_queue): two schedulers
+rerun resumes there. Each batch is claimed with a lease (jobs._run_batches.batch_queue): two schedulers
 at once, or one that died mid-batch, still process every batch exactly once. Cron or a KubeRay
 RayCronJob runs this job on a schedule (cluster/kuberay/).
 """
@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 import yaml  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-from jobs.lib.batch_queue import BatchQueue, Renewer  # noqa: E402
-from jobs.lib.config import ConfigError, Strict, apply_override, build_config, cli, load_yaml, parse_override  # noqa: E402
-from jobs.lib.job import JobConfig, job_entry, one_line_errors  # noqa: E402
+from jobs._run_batches.batch_queue import BatchQueue, Renewer  # noqa: E402
+from jobs.lib.config import ConfigError, Strict, apply_override, build_config, load_yaml, parse_override  # noqa: E402
+from jobs.lib.job import JobConfig, job_entry, run_job  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
 from jobs.lib.storage import Storage, StorageUnavailable  # noqa: E402
@@ -123,8 +123,9 @@ def main(cfg: RunBatchesConfig) -> dict:
     return rec.finish()
 
 
+def summary(cfg: RunBatchesConfig, m: dict) -> list[str]:
+    return [f"{m['counts'].get('done', 0)} done, {m['counts'].get('failed', 0)} failed"]
+
+
 if __name__ == "__main__":
-    cfg = cli(RunBatchesConfig, description=__doc__)
-    with one_line_errors("run_batches", FileNotFoundError, PermissionError, ConnectionError):
-        m = main(cfg)
-    print(f"run_batches: {m['counts'].get('done', 0)} done, {m['counts'].get('failed', 0)} failed")
+    run_job("run_batches", summary, FileNotFoundError, PermissionError, ConnectionError)

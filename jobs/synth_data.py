@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 
 from pydantic import Field  # noqa: E402
 
-from jobs.lib.config import Strict, cli  # noqa: E402
-from jobs.lib.job import JobConfig, one_line_errors  # noqa: E402
+from jobs.lib.config import Strict  # noqa: E402
+from jobs.lib.job import JobConfig, run_job  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
 from jobs.lib.run_key import open_run  # noqa: E402
@@ -85,8 +85,9 @@ def main(cfg: SynthDataConfig) -> dict:
     return rec.finish()
 
 
+def summary(cfg: SynthDataConfig, m: dict) -> list[str]:
+    return [f"{m['figures']['samples_written']} samples -> {m['figures']['data_uri']}"]
+
+
 if __name__ == "__main__":
-    cfg = cli(SynthDataConfig, description=__doc__)
-    with one_line_errors("synth_data", FileNotFoundError, PermissionError, ConnectionError):
-        m = main(cfg)
-    print(f"synth_data: {m['figures']['samples_written']} samples -> {m['figures']['data_uri']}")
+    run_job("synth_data", summary, FileNotFoundError, PermissionError, ConnectionError)

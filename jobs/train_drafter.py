@@ -6,7 +6,7 @@ heads on the frozen target's states).
     python jobs/train_drafter.py --config manifests/jobs/train_drafter.yaml [--set compute.num_workers=2]
 
 artifacts (jobs/precompute.py; checked against target.path first) -> Ray Data stream ->
-TorchTrainer workers (jobs.lib.train_loop: DeepSpeed ZeRO-2, AdamW (0.9, 0.95), WarmupDecayLR,
+TorchTrainer workers (jobs._train_drafter.loop: DeepSpeed ZeRO-2, AdamW (0.9, 0.95), WarmupDecayLR,
 clip 0.5, bf16 where supported) -> checkpoints every N steps in <run>/checkpoints/ (local or
 s3://) -> the drafter in <run>/drafter/, per-step metrics in <run>/train_log.jsonl. Rerunning the
 same config resumes from the latest checkpoint (Ray Train V2: same RunConfig name and storage).
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 
 from pydantic import Field, create_model, model_validator  # noqa: E402
 
-from jobs.lib.config import Strict, cli  # noqa: E402
-from jobs.lib.job import JobConfig, one_line_errors  # noqa: E402
+from jobs.lib.config import Strict  # noqa: E402
+from jobs.lib.job import JobConfig, run_job  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.model_cache import model_identity  # noqa: E402
 from jobs.lib.run_key import fingerprint, open_run  # noqa: E402
@@ -123,9 +123,9 @@ class TrainDrafterConfig(JobConfig):
 
 
 def main(cfg: TrainDrafterConfig) -> dict:
-    from jobs.lib.drafter_data import check_target, open_artifacts
+    from jobs._train_drafter.data import check_target, open_artifacts
     from jobs.lib.ray_setup import init_ray
-    from jobs.lib.train_loop import make_trainer, plan_steps
+    from jobs._train_drafter.loop import make_trainer, plan_steps
     t, c = cfg.train, cfg.compute
     need = c.num_workers * c.cpus_per_worker + cfg.data.cpus_per_task
     if cfg.ray.num_cpus is not None and not (cfg.ray.address or os.environ.get("RAY_ADDRESS")) and cfg.ray.num_cpus < need:
@@ -153,7 +153,7 @@ def main(cfg: TrainDrafterConfig) -> dict:
 def finish(rec: RunRecorder, store: Storage, run_dir: str, result, plan, n_samples: int) -> dict:
     """The drafter and the step log out of the final checkpoint; headline figures."""
     from jobs.lib.metrics import actor_device
-    from jobs.lib.train_loop import summarize
+    from jobs._train_drafter.loop import summarize
 
     ckpt = join(run_dir, "checkpoints", Path(result.checkpoint.path).name)
     state = json.loads(store.read_text(join(ckpt, "state.json")))
@@ -181,18 +181,11 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str, result, plan, n_sampl
     return rec.finish()
 
 
-def cli_main() -> int:
-    cfg = cli(TrainDrafterConfig, description=__doc__)
-    # bad artifacts, a mismatched or missing target: one line, exit 1, before any training
-    with one_line_errors("train_drafter", ValueError, FileNotFoundError, PermissionError, ConnectionError):
-        m = main(cfg)
+def summary(cfg: TrainDrafterConfig, m: dict) -> list[str]:
     f = m["figures"]
-    print(f"train_drafter: {f['steps']} steps, loss {f.get('first_loss')} -> {f.get('final_loss')}, "
-          f"top1 per depth {f.get('top1_per_depth')}, {f.get('tokens_per_s')} tok/s -> {f['drafter_uri']}")
-    return 0
+    return [f"{f['steps']} steps, loss {f.get('first_loss')} -> {f.get('final_loss')}, top1 per depth "
+            f"{f.get('top1_per_depth')}, {f.get('tokens_per_s')} tok/s -> {f['drafter_uri']}"]
 
 
-if __name__ == "__main__":
-    from jobs import train_drafter as job  # by package name: Ray workers unpickle the config classes by reference
-
-    raise SystemExit(job.cli_main())
+if __name__ == "__main__":  # bad artifacts, a mismatched or missing target: one line, exit 1, before any training
+    run_job("train_drafter", summary, ValueError, FileNotFoundError, PermissionError, ConnectionError)

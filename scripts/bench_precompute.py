@@ -24,7 +24,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 def bare_loop(manifest: str, target: str, n: int, out: str, shard_size: int, batch: int) -> float:
     """samples/s of the stages called in one process, no Ray."""
-    from jobs.lib.precompute_stages import EncodeShard, TargetStage
+    from jobs._precompute.stages import EncodeShard, TargetStage
     from jobs.lib.storage import Storage
     from jobs.precompute import plan_shards
 

@@ -33,7 +33,7 @@ def bare_loop(artifacts: str, target: str, steps: int, batch: int, threads: int,
     import torch
 
     from jobs.lib.config import load_config
-    from jobs.lib.drafter_data import attach_visual, decode_rows, open_artifacts, sha_owners
+    from jobs._train_drafter.data import attach_visual, decode_rows, open_artifacts, sha_owners
     from jobs.lib.storage import Storage
     from jobs.train_drafter import TrainDrafterConfig
     from spec_core.fovea import FoveaDrafter, drafter_loss

@@ -4,7 +4,9 @@ import only along the intended arrows, from the models up to the jobs:
 
     sampling, targets  <-  fovea  <-  medusa  <-  decoding  <-  scd
     reference -> targets, sampling (never scd or decoding)  <-  scd's adapter of it
-    jobs/lib -> spec_core;  jobs/<name>.py -> jobs/lib, spec_core (jobs/lib never imports a job)
+    jobs/lib -> spec_core;  a job's room jobs/_<name>/ -> jobs/lib, spec_core;
+    jobs/<name>.py -> its room, jobs/lib, spec_core (no job imports another job's entry or room,
+    jobs/lib never imports a job, and every module of jobs/lib serves two or more jobs)
 """
 
 from __future__ import annotations
@@ -22,9 +24,23 @@ ARROWS = {  # package -> the packages it may import
     "spec_core.decoding": {"spec_core.targets", "spec_core.fovea", "spec_core.medusa", "spec_core.sampling"},
     "spec_core.reference": {"spec_core.targets", "spec_core.sampling"},
     "spec_core.scd": {"spec_core.decoding", "spec_core.reference", "spec_core.targets", "spec_core.sampling"},
+    "jobs": set(),  # the root: empty
     "jobs.lib": {"spec_core"},
-    "jobs": {"jobs.lib", "spec_core"},
 }
+ROOMS = {  # job (its entry jobs/<job>.py) -> its room (jobs/_<room>/), None for a job all in its entry
+    "synth_data": None,
+    "build_manifests": "_build_manifests",
+    "precompute": "_precompute",
+    "train_drafter": "_train_drafter",
+    "generate": "_generate",
+    "benchmark": "_generate",  # a benchmark is a grid of generate runs: one room for both
+    "generate_images": "_generate_images",
+    "run_batches": "_run_batches",
+}
+for _job, _room in ROOMS.items():
+    ARROWS[f"jobs.{_job}"] = {"jobs.lib", "spec_core"} | ({f"jobs.{_room}"} if _room else set())
+    if _room:
+        ARROWS[f"jobs.{_room}"] = {"jobs.lib", "spec_core"}
 
 
 def modules(root: Path, packages=("spec_core", "jobs")) -> dict[str, Path]:
@@ -95,10 +111,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def package_of(module: str) -> str:
-    parts = module.split(".")
-    if parts[0] == "jobs":
-        return "jobs.lib" if parts[1:2] == ["lib"] else "jobs"
-    return ".".join(parts[:2])
+    return ".".join(module.split(".")[:2])  # spec_core.<package>, jobs.lib, jobs.<entry>, jobs._<room>
 
 
 def forbidden_arrows(graph: dict[str, set[str]]) -> list[str]:
@@ -121,6 +134,25 @@ def test_packages_import_only_along_the_intended_arrows():
     graph = import_graph(REPO)
     assert set(map(package_of, graph)) <= set(ARROWS)  # a new package states its arrows first
     assert forbidden_arrows(graph) == []
+
+
+def test_jobs_lib_holds_only_what_two_or_more_jobs_share():
+    graph = import_graph(REPO)
+    users: dict[str, set[str]] = {m: set() for m in graph if package_of(m) == "jobs.lib" and m != "jobs.lib"}
+    for job, room in ROOMS.items():
+        todo = [m for m in graph if m == f"jobs.{job}" or (room and package_of(m) == f"jobs.{room}")]
+        seen: set[str] = set()
+        while todo:  # what the job imports from jobs/lib, directly or through other lib modules
+            for dep in graph[todo.pop()]:
+                if package_of(dep) == "jobs.lib" and dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        for m in seen & set(users):
+            users[m].add(job)
+    assert {m: sorted(j) for m, j in users.items() if len(j) < 2} == {}  # one job's code lives in its room
+    entries = {p.stem for p in (REPO / "jobs").glob("*.py")} - {"__init__"}
+    rooms = {p.name for p in (REPO / "jobs").iterdir() if p.name.startswith("_") and p.is_dir() and p.name != "__pycache__"}
+    assert entries == set(ROOMS) and rooms == {r for r in ROOMS.values() if r}  # every job and room stated
 
 
 def test_the_checks_catch_a_hidden_cycle_and_an_upward_arrow(tmp_path):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import ClassVar, Literal
-from collections.abc import Iterator
+from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Iterable, Iterator
 
 from pydantic import Field
 
-from jobs.lib.config import EXIT_CONFIG_ERROR, ConfigError, Strict
+from jobs.lib.config import EXIT_CONFIG_ERROR, ConfigError, Strict, cli
 from jobs.lib.ray_setup import RayConfig
 from jobs.lib.storage import StorageConfig, connection_errors, run_dir
 
@@ -76,8 +76,10 @@ class JobConfig(Strict):
 
 
 def job_entry(job: str):
-    """(config class, main) of `jobs/<job>.py`: the JobConfig subclass it defines (or the one it
-    takes from jobs/lib, as generate does from the run it shares with benchmark) and its main()."""
+    """(config class, main) of `jobs/<job>.py`, imported by package name (so that Ray workers
+    unpickle its config classes by reference, not as `__main__`): the JobConfig subclass it
+    defines (or the one it takes from its room, as generate does from the run it shares with
+    benchmark) and its main()."""
     import importlib
 
     module = importlib.import_module(f"jobs.{job}")
@@ -85,6 +87,18 @@ def job_entry(job: str):
              and v is not JobConfig}
     (cls,) = {v for v in found if v.__module__ == module.__name__} or found
     return cls, module.main
+
+
+def run_job(job: str, summary: Callable[[Any, dict], Iterable[str]], *user_errors: type[BaseException]) -> None:
+    """Every job's `__main__`: `--config FILE --set k=v` -> its config (a typo or an out-of-range
+    value: one line, exit 2) -> main() under `one_line_errors(job, *user_errors)` -> the
+    `summary(cfg, metrics)` lines, each as 'job: line'."""
+    cls, main = job_entry(job)
+    cfg = cli(cls, description=sys.modules[f"jobs.{job}"].__doc__)
+    with one_line_errors(job, *user_errors):
+        m = main(cfg)
+    for line in summary(cfg, m):
+        print(f"{job}: {line}")
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime, UTC
@@ -36,7 +37,13 @@ KINDS = ("gpu", "cpu")
 # what a stage declares; the rest of a cost entry is derived from these (and the prices)
 DECLARED = ("device_kind", "basis", "devices_per_actor", "actors", "busy_seconds", "wall_seconds",
             "samples", "tokens", "note")
+PLOT_LOCK = threading.Lock()  # matplotlib (its text parser) is not thread-safe: jobs may run in threads
 WALL_NOTE = "no busy time measured: 1 CPU x the stage's wall time, an estimate (parallel Ray tasks are not counted)"
+
+
+def fmt(x: float | None, spec: str = ".2f") -> str:
+    """A figure in a report's table: '-' where there is none."""
+    return "-" if x is None else format(x, spec)
 
 
 def git_commit() -> str:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedConfig, PreTrainedTokenizerBase
 
-MANIFEST_IMAGE = "<image>"  # how a manifest marks an image in a turn (jobs/lib/manifests.py)
+MANIFEST_IMAGE = "<image>"  # how a manifest marks an image in a turn (jobs/_build_manifests/manifests.py)
 
 
 class EncodeError(ValueError):

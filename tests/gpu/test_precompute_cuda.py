@@ -1,4 +1,4 @@
-"""The precompute path on CUDA (what jobs.lib.precompute_stages.TargetStage runs per micro-batch:
+"""The precompute path on CUDA (what jobs._precompute.stages.TargetStage runs per micro-batch:
 `adapter.prefill` with the entropy range, then `sample_artifacts`): in fp32 the per-token layer
 choice, entropies and states match HF's eager attentions; in bf16, with float32 pixels as the job
 passes them, the 16-bit artifacts stay close to a float32 CPU prefill of the same batch."""

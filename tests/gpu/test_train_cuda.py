@@ -1,5 +1,5 @@
 """Drafter training on one GPU: DeepSpeed ZeRO-2 set up by the training job's own
-`jobs.lib.train_loop.build_engine` over an nccl process group of one rank, bf16, trained for a
+`jobs._train_drafter.loop.build_engine` over an nccl process group of one rank, bf16, trained for a
 few updates (the loop of `run_epochs`, without Ray) on bf16 artifacts from a CUDA prefill."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def cuda_artifact_samples(target_dir) -> list:
 def test_deepspeed_zero2_updates_on_one_gpu_with_nccl(tmp_path, monkeypatch):
     import torch.distributed as dist
 
-    from jobs.lib.train_loop import build_engine, mean_over_ranks, plan_steps
+    from jobs._train_drafter.loop import build_engine, mean_over_ranks, plan_steps
     from jobs.train_drafter import TrainDrafterConfig
     from spec_core.fovea import drafter_loss
     from spec_core.fovea.data import collate

@@ -315,7 +315,7 @@ def test_turns_beyond_the_position_table_are_rejected_and_the_rest_decoded(world
     the reason, not decoded past the table; the over-long question is rejected at turn 0; the
     other samples of the same shard are decoded, each within the table. max_length is far away:
     only the table bites."""
-    from jobs.lib.precompute_stages import encode_row
+    from jobs._precompute.stages import encode_row
     from spec_core.targets import load_image_encoder
     from spec_core.targets.encode import assistant_spans
     from tests.jobs.worlds import short_table_target

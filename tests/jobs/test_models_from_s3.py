@@ -105,7 +105,7 @@ def test_precompute_with_the_target_on_s3_equals_local_paths(world, ray_local, t
     assert not list((root / "cache").glob(".tmp-*"))
 
     # train_drafter takes an s3:// target too: the driver checks the artifacts against its config.json
-    from jobs.lib.drafter_data import ArtifactError, check_target, open_artifacts
+    from jobs._train_drafter.data import ArtifactError, check_target, open_artifacts
 
     check_target(open_artifacts(store, arts["s3"]), model_identity(store, f"{bucket}/target"))  # accepted
     other = json.loads((root / "target" / "config.json").read_text())

@@ -197,7 +197,7 @@ def test_samples_beyond_the_position_table_are_rejected(world, ray_local, tmp_pa
     sample is rejected with the reason exactly when prompt + answers is longer than the table; with
     response_source target, a conversation whose turn-1 prompt plus max_new_tokens is beyond it is
     rejected at that turn before generating it. The other samples of the shard are written."""
-    from jobs.lib.precompute_stages import encode_row
+    from jobs._precompute.stages import encode_row
     from spec_core.targets import load_image_encoder
     from spec_core.targets.encode import assistant_spans
     from tests.jobs.worlds import short_table_target

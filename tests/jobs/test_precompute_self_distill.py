@@ -152,7 +152,8 @@ def test_artifacts_record_the_answer_source(reference):
 def test_qwen_answers_use_three_axis_positions(tmp_path):
     """The actor's regeneration step alone (no Ray) on a tiny random Qwen2.5-VL: its spans equal HF
     generate with mm_token_type_ids (3-axis M-RoPE), as Qwen's processor would pass them."""
-    from jobs.lib.precompute_stages import SelfDistill, encode_row
+    from jobs._precompute.stages import SelfDistill
+    from jobs.lib.manifest_rows import encode_row
     from jobs.lib.storage import Storage
     from spec_core.targets import load_target
     from spec_core.targets import load_image_encoder

@@ -76,7 +76,7 @@ def test_one_line_errors_unwraps_ray(capsys):
 
 @pytest.mark.slow
 def test_batch_leases_ride_out_an_outage(s3_bucket, proxy):
-    from jobs.lib.batch_queue import BatchQueue
+    from jobs._run_batches.batch_queue import BatchQueue
 
     store = Storage(StorageConfig(endpoint_url=proxy.url, retry_seconds=30))
     uri = s3_bucket + "/q"

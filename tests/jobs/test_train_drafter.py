@@ -18,7 +18,7 @@ import yaml
 
 from jobs.lib.artifact_store import read_kind
 from jobs.lib.storage import Storage, join
-from jobs.lib.train_loop import plan_steps
+from jobs._train_drafter.loop import plan_steps
 from jobs.train_drafter import DrafterSection, TrainDrafterConfig, main
 from tests.procs import kill_session
 
@@ -105,7 +105,7 @@ def test_no_warmup_starts_at_the_peak_rate():
     import torch
     from deepspeed.runtime.lr_schedules import WarmupDecayLR
 
-    from jobs.lib.train_loop import deepspeed_config
+    from jobs._train_drafter.loop import deepspeed_config
 
     cfg = TrainDrafterConfig.model_validate({"train": {"warmup_steps": 0, "lr": 3e-4}})
     plan = plan_steps(24, 1, 2, 1, 1, None, cfg.train.warmup_steps)
@@ -118,7 +118,7 @@ def test_no_warmup_starts_at_the_peak_rate():
 @pytest.mark.slow
 @pytest.mark.ray
 def test_ray_dataset_attaches_each_rows_image(world):
-    from jobs.lib.drafter_data import open_artifacts, training_dataset
+    from jobs._train_drafter.data import open_artifacts, training_dataset
 
     _, art_uri, n = world
     store = Storage()

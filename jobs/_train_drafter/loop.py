@@ -66,12 +66,12 @@ def plan_steps(n_samples: int, world: int, per_device: int, accum: int, epochs: 
 
 
 def make_trainer(cfg, plan: Plan, art, store, run_dir: str):
-    """TorchTrainer over jobs.lib.train_loop.train_worker; checkpoints in <run>/checkpoints."""
+    """TorchTrainer over jobs._train_drafter.loop.train_worker; checkpoints in <run>/checkpoints."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from jobs.lib.drafter_data import training_dataset
+    from jobs._train_drafter.data import training_dataset
     from jobs.lib.storage import join
 
     ray.data.DataContext.get_current().enable_progress_bars = False  # progress: the workers' step lines
@@ -296,7 +296,7 @@ def run_epochs(engine, cfg, plan: Plan, state: dict, rank: int, art: dict, preci
     import ray.train
     import torch
 
-    from jobs.lib.drafter_data import decode_rows
+    from jobs._train_drafter.data import decode_rows
     from spec_core.fovea import drafter_loss
     from spec_core.fovea.data import collate
     from spec_core.medusa import medusa_loss

@@ -2,7 +2,7 @@
 SCD against SJD, acceptance per iteration, peak memory, sample quality against AR's own noise
 floor; plots (NFE vs window, acceptance curves) and a grid of samples.
 
-Inputs are the item records (jobs.lib.image_worker). Every ratio compares the same (prompt, seed)
+Inputs are the item records (jobs._generate_images.worker). Every ratio compares the same (prompt, seed)
 pairs: acceleration = mean NFE of AR / mean NFE of the method, and summed AR latency / summed
 method latency (the sampling loop, prefill included). Window "auto" (L chosen per iteration) is a
 row of its own after the fixed windows, with the mean L it chose; plots put it at that mean L.
@@ -16,7 +16,7 @@ from collections import defaultdict
 
 import torch
 
-from jobs.lib.generate_report import _PLOT_LOCK
+from jobs.lib.metrics import PLOT_LOCK, fmt
 
 KINDS = ("image", "video")
 _ORDER = {"ar": 0, "sjd": 1, "scd_mc": 2, "scd_gs": 3}
@@ -130,7 +130,7 @@ def nfe_plot_png(tables: dict[str, list[dict]], ar_nfe: dict[str, float]) -> byt
     import matplotlib.pyplot as plt
 
     kinds = [k for k in KINDS if tables.get(k)]
-    with _PLOT_LOCK:
+    with PLOT_LOCK:
         fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 3.6), squeeze=False)
         for ax, kind in zip(axes[0], kinds):
             for m in sorted({r["method"] for r in tables[kind]} - {"ar"}):
@@ -162,7 +162,7 @@ def curves_plot_png(curves: dict[str, dict[str, list[float]]]) -> bytes:
     import matplotlib.pyplot as plt
 
     kinds = [k for k in KINDS if curves.get(k)]
-    with _PLOT_LOCK:
+    with PLOT_LOCK:
         fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 3.6), squeeze=False)
         for ax, kind in zip(axes[0], kinds):
             for name, ys in curves[kind].items():
@@ -199,10 +199,6 @@ def grid_png(rows: list[tuple[str, list]], scale: int = 3) -> bytes:
     return buf.getvalue()
 
 
-def _f(x, spec: str = ".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def _following(r: dict) -> str:
     """Rate with its counts (the sampling noise of a rate from n samples is about 0.5 / sqrt(n))."""
     p, n = r["following"], r["following_n"]
@@ -227,7 +223,7 @@ def render(tables: dict, quality: dict, ar_stats: dict, plots: list[str], grids:
             if r["method"] == "ar":
                 continue
             lines.append(f"| {r['method']} | {_window_label(r)} | {r['samples']} | {r['nfe']:.1f} | {r['nfe_accel']:.2f}x | "
-                         f"{_f(r['latency_accel'])}x | {_f(r['e2e_accel'])}x | {_f(r['sjd_over'])} | "
+                         f"{fmt(r['latency_accel'])}x | {fmt(r['e2e_accel'])}x | {fmt(r['sjd_over'])} | "
                          f"{r['tokens_per_iter']:.2f} | "
                          f"{r['peak_mib']:.1f} ({r['ar_peak_mib']:.1f}) |")
         q = quality.get(kind) or {}
@@ -235,9 +231,9 @@ def render(tables: dict, quality: dict, ar_stats: dict, plots: list[str], grids:
             lines += ["", f"Quality against AR (seed {q['reference_seed']}): Frechet distance of 3x3-cell colour "
                       "features, beside AR at another seed (the sampling-noise floor); prompt following = the "
                       "dominant colour is the prompt's largest object's.", "",
-                      f"AR vs AR at another seed: {_f(q.get('ar_vs_ar'), '.4f')}", "",
+                      f"AR vs AR at another seed: {fmt(q.get('ar_vs_ar'), '.4f')}", "",
                       "| method | L | FD to AR | prompt following |", "|---|---|---|---|"]
-            lines += [f"| {r['method']} | {r['window']} | {_f(r['fd_to_ar'], '.4f')} | {_following(r)} |"
+            lines += [f"| {r['method']} | {r['window']} | {fmt(r['fd_to_ar'], '.4f')} | {_following(r)} |"
                       for r in q["rows"]]
         lines.append("")
     lines += [f"![{p}]({p})" for p in plots] + [""] + [f"![{g}]({g})" for g in grids]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from jobs.lib.artifact_store import ARTIFACT_VERSION, commit_shard, marker_uri
-from jobs.lib.drafter_data import (ArtifactError, attach_visual, check_target, decode_rows, open_artifacts,
+from jobs._train_drafter.data import (ArtifactError, attach_visual, check_target, decode_rows, open_artifacts,
                                    sha_owners)
 from jobs.lib.storage import Storage, join
 from spec_core.targets.artifacts import from_16bit, supervised_positions, to_16bit

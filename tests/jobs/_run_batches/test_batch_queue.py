@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from jobs.lib.batch_queue import BatchQueue, LeaseLost
+from jobs._run_batches.batch_queue import BatchQueue, LeaseLost
 from jobs.lib.storage import Storage, join
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.lib import generate_report as gr
+from jobs._generate import report as gr
 
 
 def _m(method, sid, turn, task, new, steps, latency):

@@ -1,7 +1,7 @@
 """The generate job's summary: per-task tau / MAT / batch-1 latency speedup against the baseline
 method on the same samples, throughput per batch size, memory, lossless checks, a latency CDF.
 
-Inputs are the committed shards' tables (jobs.lib.generate_worker: metrics, responses) and
+Inputs are the committed shards' tables (jobs._generate.worker: metrics, responses) and
 markers (throughput, memory). Speedup at batch 1 is a ratio of summed latencies (prefill + decode)
 over the (sample, turn) pairs both methods completed; throughput is generated tokens per second
 of actor time, summed over shards, so it is per actor.
@@ -10,12 +10,12 @@ of actor time, summed over shards, so it is per actor.
 from __future__ import annotations
 
 import io
-import threading
 from collections import defaultdict
+
+from jobs.lib.metrics import PLOT_LOCK, fmt
 
 ALL = "all"
 POLICY_COUNTS = ("steps", "nodes", "depth", "predicted_accepted", "observed_accepted")  # goodput stats that add up
-_PLOT_LOCK = threading.Lock()  # matplotlib (its text parser) is not thread-safe: jobs may run in threads
 
 
 def _key(r: dict) -> tuple[str, int]:
@@ -108,7 +108,7 @@ def memory_table(records: list[dict], methods: list[str], baseline: str) -> dict
 
 def latency_cdf_png(metrics: list[dict], methods: list[str]) -> bytes:
     """Per-sample latency (all turns) CDF per method, as PNG bytes."""
-    with _PLOT_LOCK:
+    with PLOT_LOCK:
         return _latency_cdf_png(metrics, methods)
 
 
@@ -139,10 +139,6 @@ def _latency_cdf_png(metrics: list[dict], methods: list[str]) -> bytes:
     return buf.getvalue()
 
 
-def _f(x, spec: str = ".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list[str], baseline: str,
            cdf_name: str | None) -> str:
     """Markdown sections for report.md."""
@@ -152,8 +148,8 @@ def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list
              "|" + "---|" * (2 + 3 * len(others))]
     for task, row in tasks.items():
         turns = row.get(baseline, {}).get("turns", "")
-        cells = [f"{_f(row.get(m, {}).get('tau'))} | {_f(row.get(m, {}).get('mat'))} | "
-                 f"{_f(row.get(m, {}).get('speedup'))}x" for m in others]
+        cells = [f"{fmt(row.get(m, {}).get('tau'))} | {fmt(row.get(m, {}).get('mat'))} | "
+                 f"{fmt(row.get(m, {}).get('speedup'))}x" for m in others]
         name = f"**{task}**" if task == ALL else task
         lines.append(f"| {name} | {turns} | " + " | ".join(cells) + " |")
     batches = sorted({b for m in methods for b in throughput.get(m, {})}, key=int)
@@ -163,8 +159,8 @@ def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list
         cells = []
         for m in methods:
             t = throughput.get(m, {}).get(b)
-            cells.append("-" if t is None else _f(t["tokens_per_s"], ".1f") +
-                         ("" if m == baseline else f" ({_f(t['ratio'])}x)"))
+            cells.append("-" if t is None else fmt(t["tokens_per_s"], ".1f") +
+                         ("" if m == baseline else f" ({fmt(t['ratio'])}x)"))
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
     for m in others:
         at = overtaken_at(throughput, m)
@@ -194,7 +190,7 @@ def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list
             lines.append(f"| {m} | {b} | {p['steps']} | {p['nodes'] / max(p['steps'], 1):.2f} | "
                          f"{p.get('depth', 0) / max(p['steps'], 1):.2f} | "
                          f"{p['verify_ms_intercept']:.2f} + {p['verify_ms_per_token']:.3f} x T | "
-                         f"{p['draft_ms_per_depth']:.2f} | {p.get('commit_extra_ms', 0.0):.2f} | {_f(calib)} |")
+                         f"{p['draft_ms_per_depth']:.2f} | {p.get('commit_extra_ms', 0.0):.2f} | {fmt(calib)} |")
     if memory:
         lines += ["", "## Memory (peak, MiB; delta to " + f"`{baseline}`)", "",
                   "| method | " + " | ".join(memory[methods[0]]) + " |", "|" + "---|" * (1 + len(memory[methods[0]]))]
@@ -215,11 +211,11 @@ def render_against(tasks: dict, throughput: dict, methods: list[str], reference:
              "| task | " + " | ".join(f"{m} speedup" for m in others) + " |", "|" + "---|" * (1 + len(others))]
     for task, row in tasks.items():
         name = f"**{task}**" if task == ALL else task
-        lines.append(f"| {name} | " + " | ".join(f"{_f(row.get(m, {}).get('speedup'))}x" for m in others) + " |")
+        lines.append(f"| {name} | " + " | ".join(f"{fmt(row.get(m, {}).get('speedup'))}x" for m in others) + " |")
     batches = sorted({b for m in methods for b in throughput.get(m, {})}, key=int)
     lines += ["", "| batch | " + " | ".join(f"{m} throughput ratio" for m in others) + " |",
               "|" + "---|" * (1 + len(others))]
     for b in batches:
-        lines.append(f"| {b} | " + " | ".join(f"{_f(throughput.get(m, {}).get(b, {}).get('ratio'))}x" for m in others)
+        lines.append(f"| {b} | " + " | ".join(f"{fmt(throughput.get(m, {}).get(b, {}).get('ratio'))}x" for m in others)
                      + " |")
     return "\n".join(lines) + "\n"

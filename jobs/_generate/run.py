@@ -191,7 +191,7 @@ def check_drafters(cfg: GenerateConfig, ident: dict, store: Storage | None = Non
 def main(cfg: GenerateConfig) -> dict:
     import ray
 
-    from jobs.lib.generate_worker import KINDS, GenerateWorker, MethodPlan
+    from jobs._generate.worker import KINDS, GenerateWorker, MethodPlan
 
     store = Storage(cfg.storage)
     run_dir = cfg.run_dir("generate")
@@ -256,7 +256,7 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], t
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from jobs.lib import generate_report as gr
+    from jobs._generate import report as gr
     from jobs.lib.metrics import actor_device
 
     baseline = methods[0]

@@ -3,8 +3,8 @@
 per-sample speedups beside the ratio of totals, speedup against batch size, and acceptance on
 high- vs low-visual steps (MMSpec Table 7); PNG plots of each.
 
-Inputs are the generate runs' metrics rows (jobs.lib.generate_worker.METRICS_SCHEMA) and their
-throughput tables (jobs.lib.generate_report.throughput_table).
+Inputs are the generate runs' metrics rows (jobs._generate.worker.METRICS_SCHEMA) and their
+throughput tables (jobs._generate.report.throughput_table).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from jobs.lib.generate_report import _PLOT_LOCK, ALL, _f
+from jobs._generate.report import ALL
+from jobs.lib.metrics import PLOT_LOCK, fmt
 
 TASK_ORDER = ("general_vqa", "text_vqa", "captioning", "chart_vqa", "reasoning", "multi_turn")
 
@@ -95,9 +96,9 @@ def table3(tasks: dict, per_sample: dict, methods: list[str], baseline: str,
         cells = []
         for c in cols:
             row = tasks[c].get(m, {})
-            cells.append(f"{_f(row.get('mat'))} {_f(row.get('speedup'))}x")
+            cells.append(f"{fmt(row.get('mat'))} {fmt(row.get('speedup'))}x")
         lo, hi = interval.get(m, (None, None))
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {_f(lo)}-{_f(hi)} | {_f(per_sample.get(m))}x |")
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {fmt(lo)}-{fmt(hi)} | {fmt(per_sample.get(m))}x |")
     return lines
 
 
@@ -108,7 +109,7 @@ def _bars_png(groups: list[str], series: dict[str, list[float | None]], ylabel: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with _PLOT_LOCK:
+    with PLOT_LOCK:
         fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(groups) * max(1, len(series)) / 3), 3.8), dpi=110)
         width = 0.8 / max(1, len(series))
         for i, (name, ys) in enumerate(series.items()):
@@ -163,28 +164,28 @@ def render(settings: list[dict], methods: list[str], baseline: str, threshold: f
             gaps = boot["gap"]
             near = [m for m, (lo, hi) in gaps.items() if lo <= 0 <= hi]
             lines += ["", f"Fastest overall: **{boot['best']}**. Speedup gap to it, 95% paired bootstrap over samples: "
-                      + ", ".join(f"{m} {_f(lo)} to {_f(hi)}" for m, (lo, hi) in gaps.items())
+                      + ", ".join(f"{m} {fmt(lo)} to {fmt(hi)}" for m, (lo, hi) in gaps.items())
                       + f". Within noise of it (interval holds 0): {', '.join(near) if near else 'none'}."]
         if st.get("vs_hf"):
             lines += ["", "Overall speedup against HF `generate` on the same samples (batch 1): "
-                      + ", ".join(f"{m} {_f(v)}x" for m, v in st["vs_hf"].items()) + "."]
+                      + ", ".join(f"{m} {fmt(v)}x" for m, v in st["vs_hf"].items()) + "."]
         tau = {m: st["tasks"].get(ALL, {}).get(m, {}).get("tau") for m in methods if m != baseline}
         lines += ["", "tau (tokens per step, bonus included) overall: " +
-                  ", ".join(f"{m} {_f(v)}" for m, v in tau.items()), ""]
+                  ", ".join(f"{m} {fmt(v)}" for m, v in tau.items()), ""]
         batches = sorted({b for m in methods for b in st["throughput"].get(m, {})}, key=int)
         lines += ["Throughput against AR per batch size (every method runs batched on the engine):", "",
                   "| method | " + " | ".join(f"batch {b}" for b in batches) + " |", "|" + "---|" * (1 + len(batches))]
         for m in methods:
             if m != baseline:
                 lines.append(f"| {m} | " + " | ".join(
-                    f"{_f(st['throughput'][m].get(b, {}).get('ratio'))}x" for b in batches) + " |")
+                    f"{fmt(st['throughput'][m].get(b, {}).get('ratio'))}x" for b in batches) + " |")
         split = st["visual"]
         if any(split[m]["high"]["steps"] + split[m]["low"]["steps"] for m in split):
             lines += ["", f"Acceptance on high-visual (last-layer attention share on the image >= {threshold}) "
                       "and low-visual steps (MMSpec Table 7):", "",
                       "| method | low steps | low MAT | high steps | high MAT |", "|---|---|---|---|---|"]
             for m, v in split.items():
-                lines.append(f"| {m} | {v['low']['steps']} | {_f(v['low']['mat'])} | {v['high']['steps']} | "
-                             f"{_f(v['high']['mat'])} |")
+                lines.append(f"| {m} | {v['low']['steps']} | {fmt(v['low']['mat'])} | {v['high']['steps']} | "
+                             f"{fmt(v['high']['mat'])} |")
         lines += [""] + [f"![{p}]({p})" for p in st["plots"]] + [""]
     return "\n".join(lines)

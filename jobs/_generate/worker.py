@@ -1,7 +1,7 @@
 """The generate job's actor: one frozen target and the drafters of the compared methods; each call
 decodes one shard of an evaluation manifest with every method and commits it.
 
-Per shard: manifest rows -> encoded conversations (jobs.lib.precompute_stages.encode_row; a bad
+Per shard: manifest rows -> encoded conversations (jobs.lib.manifest_rows.encode_row; a bad
 image is a reject with its reason; a user turn without an answer - MMSpec's `turns`, consecutive
 user prompts - gets a stand-in answer, `with_answer_slots`) -> for each sample, each method in turn
 (interleaved, so that drift of a shared machine hits every method alike) answers every user turn
@@ -247,7 +247,7 @@ class GenerateWorker:
 
     # --- one shard -------------------------------------------------------------------------------
     def _encode(self, rows: list[dict]) -> tuple[list[dict], list[dict]]:
-        from jobs.lib.precompute_stages import encode_row
+        from jobs.lib.manifest_rows import encode_row
         from spec_core.targets.encode import EncodeError, with_answer_slots
 
         samples, rejects = [], []

@@ -2,7 +2,7 @@
 -> a decontaminated training pool and one evaluation table per source, as Parquet.
 
 A manifest YAML (manifests/datasets/*.yaml) lists sources with field mappings (see
-jobs.lib.manifest_sources) and a split policy. `build` writes into <out>:
+jobs._build_manifests.sources) and a split policy. `build` writes into <out>:
 
     train.parquet           every source's training rows (manifest order, then split order)
     eval/<source>.parquet   one evaluation manifest per source that has an evaluation part
@@ -44,7 +44,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from jobs.lib.config import ConfigError, Strict, config_hash
-from jobs.lib.manifest_sources import (ERROR_KEY, Conversation, ImageSpec, Uris, conversation_fields,
+from jobs._build_manifests.sources import (ERROR_KEY, Conversation, ImageSpec, Uris, conversation_fields,
                                        expand_uris, has_image, read_file, read_image,
                                        with_image_token)
 from jobs.lib.records import TURN

@@ -5,7 +5,7 @@ import json
 import pytest
 from PIL import Image
 
-from jobs.lib.manifest_sources import (ImageSpec, MessagesConversation, PromptsConversation,
+from jobs._build_manifests.sources import (ImageSpec, MessagesConversation, PromptsConversation,
                                        QAConversation, expand_uris, read_file, read_image,
                                        with_image_token)
 from jobs.lib.storage import Storage

@@ -19,42 +19,9 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 
+from jobs.lib.manifest_rows import encode_row, row_image
 from jobs.lib.ray_setup import where_am_i
 from jobs.lib.storage import Storage, StorageConfig, StorageUnavailable
-
-
-def _image(row: dict, store: Storage):
-    from PIL import Image
-
-    data = row["image_bytes"] if row.get("image_bytes") is not None else store.read_bytes(row["image_uri"])
-    img = Image.open(io.BytesIO(data))
-    img.load()
-    return img.convert("RGB")
-
-
-def encode_row(row: dict, encoder, store: Storage, max_length: int | None) -> dict:
-    """One manifest row -> input_ids (placeholders expanded), loss_mask and the target's image
-    arrays: one path for every target, its image inputs from `encoder` (chosen by the target's
-    config class). Raises EncodeError, OSError or ValueError with the reject reason; max_length
-    None skips the length check (the target stage checks after regenerating answers)."""
-    from spec_core.targets.encode import MANIFEST_IMAGE, EncodeError, encode_with_mask, expand_image_tokens
-
-    conv = [{"role": t["role"], "content": t["content"].replace(MANIFEST_IMAGE, encoder.image_text)
-             if isinstance(t["content"], str) else t["content"]} for t in (row["conversation"] or [])]
-    ids, mask = encode_with_mask(encoder.tokenizer, conv)
-    if row.get("image_bytes") is None and not row.get("image_uri"):
-        raise EncodeError("no image")
-    try:
-        image = _image(row, store)
-    except StorageUnavailable:
-        raise  # the job's, not the sample's: it stops and reruns, the sample is not rejected
-    except Exception as err:  # noqa: BLE001 - any decode failure is the sample's, not the job's
-        raise EncodeError(f"image unreadable: {type(err).__name__}: {err}") from None
-    images = encoder([image])
-    ids, mask = expand_image_tokens(ids, mask, encoder.image_token_id, images.counts)
-    if max_length is not None and len(ids) > max_length:
-        raise EncodeError(f"too long: {len(ids)} tokens > max_length {max_length}")
-    return {"input_ids": ids, "loss_mask": mask, "images": images.arrays}
 
 
 class EncodeShard:
@@ -96,7 +63,7 @@ class EncodeShard:
         sha = row.get("image_sha256")
         if sha in owners and sha not in orphans:
             try:
-                orphans[sha] = self.encoder([_image(row, self.store)]).arrays
+                orphans[sha] = self.encoder([row_image(row, self.store)]).arrays
             except Exception:  # noqa: BLE001 - an unreadable image fails every sample that uses it
                 pass
 

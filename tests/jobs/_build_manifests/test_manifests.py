@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from jobs.lib.config import ConfigError
-from jobs.lib.manifests import (MANIFEST_SCHEMA, REJECT_SCHEMA, DatasetManifest, SourceError, build,
+from jobs._build_manifests.manifests import (MANIFEST_SCHEMA, REJECT_SCHEMA, DatasetManifest, SourceError, build,
                                 cap_train, decontaminate, load_manifest, overlap, random_split,
                                 shuffle_split)
 from jobs.lib.storage import Storage, join

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.lib.benchmark_report import bootstrap_speedups, per_sample_speedup, visual_split
+from jobs._generate.benchmark_report import bootstrap_speedups, per_sample_speedup, visual_split
 
 
 def _rows(latency: dict[str, list[float]]) -> list[dict]:

@@ -1,0 +1,1 @@
+"""The precompute job's room: its two Ray Data stages (stages.py)."""
