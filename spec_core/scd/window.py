@@ -6,10 +6,11 @@ commits k tokens (the leading accepted drafts plus one), so the window to run is
 
     L* = argmax_L E[k | L] / t(G L)
 
-with t(G L) the mean measured seconds of an iteration at L (carried to another row count G by the
-goodput engine's `CostModel`, t(T) = a + b T fitted on every iteration: a line fitted over
-1..max_window tokens misjudges the ratio of two windows by as much as their difference in rate, a
-measured mean does not), and E[k | L] the mean committed tokens per iteration of the requests run
+with t(G L) the median measured seconds of an iteration at L over its last `RECENT` iterations
+(carried to another row count G by the goodput engine's `CostModel`, t(T) = a + b T fitted on every
+iteration: a line fitted over 1..max_window tokens misjudges the ratio of two windows by as much as
+their difference in rate, a measured time does not; a median, not a mean, because a few iterations
+stalled by a neighbour - another actor's prefill on a shared CPU - would otherwise decide), and E[k | L] the mean committed tokens per iteration of the requests run
 at L. L is chosen per request (per `begin`, one decoder run: the batch's requests
 from their first iteration to their last), among the candidates max_window, max/2, ..., 1.
 
@@ -48,9 +49,14 @@ distributions they were drawn from, and a window only decides which of them are 
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
+
 import torch
 
 from spec_core.decoding.goodput import CostModel
+
+RECENT = 256  # iterations per window whose median time is its cost
 
 
 class WindowChooser:
@@ -74,10 +80,8 @@ class WindowChooser:
         self.commits = {c: 0.0 for c in self.candidates}
         self.iters = {c: 0.0 for c in self.candidates}
         self.hist_K = {c: torch.zeros(c + 1, dtype=torch.float64) for c in self.candidates}
-        # per candidate: seconds, tokens forwarded (rows L) and iterations, decayed alike
-        self.secs = {c: 0.0 for c in self.candidates}
-        self.tokens = {c: 0.0 for c in self.candidates}
-        self.steps = {c: 0.0 for c in self.candidates}
+        # per candidate: (seconds, tokens forwarded) of its last RECENT iterations
+        self.timed: dict[int, deque[tuple[float, int]]] = {c: deque(maxlen=RECENT) for c in self.candidates}
         self.chosen: list[int] = []
         self.requests = 0
         self.current = self.candidates[0]
@@ -96,13 +100,14 @@ class WindowChooser:
         return out
 
     def iteration_s(self, c: int, rows: int) -> float:
-        """Seconds of an iteration at window c over `rows` rows: the mean measured at c, scaled by
-        the cost line from the mean tokens it was measured at to rows c (the line alone before)."""
-        if self.steps[c] <= 0:
+        """Seconds of an iteration at window c over `rows` rows: the median of its recent measured
+        iterations, each carried by the cost line from the tokens it forwarded to rows c (the line
+        alone before any)."""
+        if not self.timed[c]:
             return self.cost.verify_s(rows * c)
-        mean_s, mean_T = self.secs[c] / self.steps[c], self.tokens[c] / self.steps[c]
-        at = self.cost.verify_s(round(mean_T))
-        return mean_s * self.cost.verify_s(rows * c) / at if at > 0 else mean_s
+        to = self.cost.verify_s(rows * c)
+        scaled = [s * to / at if (at := self.cost.verify_s(T)) > 0 and to > 0 else s for s, T in self.timed[c]]
+        return statistics.median(scaled)
 
     def rates_per_second(self, rows: int) -> dict[int, float]:
         """Expected committed tokens per second (per sample) of every explored candidate."""
@@ -176,9 +181,6 @@ class WindowChooser:
         self.commits[L] *= self.decay
         self.iters[L] *= self.decay
         self.hist_K[L] *= self.decay
-        self.secs[L] *= self.decay
-        self.tokens[L] *= self.decay
-        self.steps[L] *= self.decay
         return L
 
     def choose(self, rows: int, cap: int | None = None) -> int:
@@ -200,9 +202,7 @@ class WindowChooser:
         self.commits[L] += float(k_B.sum())
         self.iters[L] += len(k_B)
         self.hist_K[L] += torch.bincount(k_B.clamp(1, L), minlength=L + 1).to(torch.float64)
-        self.secs[L] += seconds
-        self.tokens[L] += rows * L
-        self.steps[L] += 1
+        self.timed[L].append((seconds, rows * L))
 
     def stats(self) -> dict:
         """What reports show: iterations, mean L, the cost fit, E[k | L] per candidate."""

@@ -115,7 +115,7 @@ def test_the_bound_reads_the_histogram_of_commits():
 def test_measured_iteration_times_beat_a_line_fitted_through_them():
     """Forward costs that are not a line (32: 30 ms, 16: 16 ms, 8: 15 ms, 4: 14.5 ms at 2 rows)
     and commits 6 / 5 / 4 / 3: the best rate is 16's (312 tokens/s against 8's 267), while a line
-    fitted through the four would rank 8 first. The chooser reads each window's measured mean."""
+    fitted through the four would rank 8 first. The chooser reads each window's measured time."""
     cost = {32: 0.030, 16: 0.016, 8: 0.015, 4: 0.0145, 2: 0.014, 1: 0.014}
     commits = {32: 6, 16: 5, 8: 4, 4: 3, 2: 2, 1: 1}
     ch = WindowChooser(32, reexplore=1000)
@@ -130,3 +130,23 @@ def test_measured_iteration_times_beat_a_line_fitted_through_them():
     assert line[8] > line[16]  # the line alone would pick 8
     assert ch.best(rows) == 16 and out[-3:] == [16] * 3
     assert ch.iteration_s(16, rows) == pytest.approx(0.016)
+
+
+def test_a_few_stalled_iterations_do_not_decide_the_window():
+    """16 commits 5 per 16 ms iteration, 8 commits 4 per 15 ms (16 is the faster window), but one
+    iteration in eight at 16 is stalled 20x by a neighbour: its mean time (54 ms) would rank 8
+    first, the median of its iterations keeps 16."""
+    cost = {32: 0.030, 16: 0.016, 8: 0.015, 4: 0.0145, 2: 0.014, 1: 0.014}
+    commits = {32: 6, 16: 5, 8: 4, 4: 3, 2: 2, 1: 1}
+    ch = WindowChooser(32, reexplore=1000)
+    rows, n = 2, 0
+    for _ in range(8):
+        ch.begin(rows)
+        for _ in range(8):
+            L = ch.choose(rows)
+            n += 1
+            stalled = L == 16 and n % 8 == 0
+            ch.observe(L, rows, cost[L] * (20 if stalled else 1), torch.full((rows,), commits[L] - 1))
+    mean16 = sum(sec for sec, _ in ch.timed[16]) / len(ch.timed[16])
+    assert commits[16] / mean16 < commits[8] / cost[8]  # a mean would pick 8
+    assert ch.iteration_s(16, rows) == pytest.approx(0.016, rel=0.05) and ch.best(rows) == 16
