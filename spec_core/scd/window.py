@@ -10,9 +10,10 @@ with t(G L) the median measured seconds of an iteration at L over its last `RECE
 (carried to another row count G by the goodput engine's `CostModel`, t(T) = a + b T fitted on every
 iteration: a line fitted over 1..max_window tokens misjudges the ratio of two windows by as much as
 their difference in rate, a measured time does not; a median, not a mean, because a few iterations
-stalled by a neighbour - another actor's prefill on a shared CPU - would otherwise decide), and E[k | L] the mean committed tokens per iteration of the requests run
-at L. L is chosen per request (per `begin`, one decoder run: the batch's requests
-from their first iteration to their last), among the candidates max_window, max/2, ..., 1.
+stalled by a neighbour - another actor's prefill on a shared CPU - would otherwise decide), and
+E[k | L] the mean committed tokens per iteration of the requests run at L. L is chosen per request
+(per `begin`, one decoder run: the batch's requests from their first iteration to their last),
+among the candidates max_window, max/2, ..., 1.
 
 Why per request and not per iteration: under coupling the drafts converge over the iterations that
 re-draft them, so what an iteration at L commits depends on the windows that came before it. A
