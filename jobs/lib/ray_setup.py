@@ -64,6 +64,10 @@ def init_ray(cfg: RayConfig) -> dict:
         ray.init(address=address, log_to_driver=cfg.log_to_driver)
         mode = "joined"
     else:
+        # Ray Data's read_parquet starts a pool of footer-reading actors (32 by default) on every
+        # execution, i.e. every training epoch: on one node they share its disk and network, and
+        # on a few cores their start-up alone stalled each epoch's first batch by 20-40 s.
+        os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")  # read by the workers started below
         ray.init(
             address="local",
             num_cpus=cfg.num_cpus,

@@ -34,7 +34,8 @@ def world(tmp_path_factory):
     build_generator(GeneratorBuildConfig.preset("tiny"), root / "generator", progress=False)
     rows = [{"id": f"img-{i}", "kind": "image", "prompt": p, "background": "gray", "colour": "red"}
             for i, p in enumerate(IMAGES)]
-    rows += [{"id": "vid-0", "kind": "video", "prompt": VIDEO}] + BAD
+    # shards of 3: the images (one batch of 2), then the video, so that the two actors share the work
+    rows += [BAD[0], {"id": "vid-0", "kind": "video", "prompt": VIDEO}] + BAD[1:]
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 

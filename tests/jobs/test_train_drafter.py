@@ -61,6 +61,7 @@ def _cfg(world, output_uri: str, drafter: dict | None = None, **train) -> TrainD
         "compute": {"num_workers": 2, "cpus_per_worker": 0.5}})
 
 
+@pytest.mark.slow  # its subprocess imports torch and transformers before it reads the config: ~8 s
 def test_the_drafter_and_loss_sections_are_spec_cores_configs():
     """Declared once: the sections take spec_core's fields and defaults, and the dataclasses' own
     checks are config errors (exit 2, naming the section) like a misspelt key."""

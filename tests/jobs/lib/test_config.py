@@ -84,7 +84,9 @@ def test_every_job_is_covered():
     assert "synth_data" in JOBS
 
 
-@pytest.mark.parametrize("job", JOBS)
+# train_drafter's entry imports spec_core.fovea (torch, transformers) before it reads the config: ~8 s
+@pytest.mark.parametrize("job", [pytest.param(j, marks=pytest.mark.slow) if j == "train_drafter" else j
+                                 for j in JOBS])
 def test_job_cli_exits_2_on_typo(tmp_path, job):
     p = write(tmp_path, "run:\n  output_urii: x\n")
     r = subprocess.run([sys.executable, f"jobs/{job}.py", "--config", str(p)], cwd=REPO,

@@ -6,6 +6,7 @@ import json
 import time
 
 import numpy as np
+import pytest
 import torch
 from transformers import LlamaForCausalLM
 
@@ -137,6 +138,7 @@ def test_init_is_seeded():
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
 
 
+@pytest.mark.slow  # a build, then images and videos sampled and the evaluation: ~6 s
 def test_tiny_build_completes_and_reloads(tmp_path):
     cfg = GeneratorBuildConfig.preset("tiny")
     start = time.perf_counter()

@@ -23,6 +23,7 @@ def bundle(tmp_path_factory):
     return load_generator(out)
 
 
+@pytest.mark.slow  # 272 / 583 tokens, three couplings, the untrained generator accepts few drafts: 5-8 s
 @pytest.mark.parametrize("video", [False, True])
 def test_greedy_scd_equals_the_generators_own_sampler(bundle, video):
     lm = ReferenceGenerator(bundle, video=video)
