@@ -181,9 +181,10 @@ class JacobiDecoder:
         T_G = torch.tensor([len(p) for p in prompts_G], device=dev)
         T = int(T_G.max())
         ids_GT = torch.zeros(len(prompts_G), T, dtype=torch.long, device=dev)
-        for g, p in enumerate(prompts_G):
-            ids_GT[g, :len(p)] = torch.tensor(p, dtype=torch.long)
         pos_GT = torch.arange(T, device=dev).expand(len(prompts_G), T)
+        # one tensor for all rows (not one per row: batches of thousands of samples): row-major
+        # order of the real slots is the prompts' concatenation
+        ids_GT[pos_GT < T_G[:, None]] = torch.tensor([t for p in prompts_G for t in p], dtype=torch.long, device=dev)
         # causal, and only real prompt keys (padding queries past T_g are scratch)
         attend_GTT = torch.ones(T, T, dtype=torch.bool, device=dev).tril()[None] & (pos_GT < T_G[:, None])[:, None, :]
         self.cache.plan(pos_GT, T)
@@ -253,11 +254,10 @@ class JacobiDecoder:
             self.chooser.begin(len(st.len_G))
         while True:
             done = (st.n_B >= N).nonzero().squeeze(-1)
-            for b in done.tolist():  # retire finished samples
-                i = int(st.idx_B[b])
-                out_BN[i] = self._real(st.tokens_BN[b, :N]).cpu()
-                out_ent[i], out_cnt[i] = float(ent_sum_B[b]), int(ent_cnt_B[b])
-            if len(done):
+            if len(done):  # retire finished samples (all at once: batches of thousands)
+                i_D = st.idx_B[done].cpu()
+                out_BN[i_D] = self._real(st.tokens_BN[done, :N]).cpu()
+                out_ent[i_D], out_cnt[i_D] = ent_sum_B[done].cpu().to(out_ent.dtype), ent_cnt_B[done].cpu()
                 keep = (st.n_B < N).nonzero().squeeze(-1)
                 if len(keep) == 0:
                     break

@@ -251,6 +251,7 @@ def proxy(s3_server):
     p.close()
 
 
+@pytest.mark.slow  # the outage lasts 4 s
 def test_storage_rides_out_an_outage(s3_bucket, proxy):
     """Through a proxy that resets every connection for 4 s: each kind of call, started during
     the outage, waits it out."""

@@ -25,6 +25,12 @@ def prompt_inputs(processor, sample: dict, turns: int = 1) -> dict:
     return dict(processor(text=text, images=image, add_special_tokens=False, return_tensors="pt"))
 
 
+def hf_greedy(model, inputs, max_new_tokens):
+    """HF `generate`'s greedy continuation (the oracle of every lossless test here)."""
+    out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
 def self_distill_data(adapter, processor, samples: list[dict]) -> list[DraftSample]:
     """Artifacts of the target's own greedy answers (no mid states)."""
     data = []
@@ -55,7 +61,7 @@ def fit(model, loss_fn, data: list[DraftSample], steps: int, seed: int = 0):
 
 
 def train_drafter(adapter, data: list[DraftSample], steps: int, seed: int = 0, **cfg) -> FoveaDrafter:
-    """A few hundred steps on the target's own greedy answers (self-distillation)."""
+    """`steps` AdamW updates on the target's own greedy answers (self-distillation)."""
     torch.manual_seed(seed)
     drafter = FoveaDrafter.from_target(adapter, **{"n_blocks": 1, "k_min": 2, "k_max": 8, **cfg})
     return fit(drafter, drafter_loss, data, steps, seed)
@@ -70,7 +76,9 @@ def tiny_world(tmp_path_factory):
     adapter = load_target(root / "target")
     processor = AutoProcessor.from_pretrained(root / "target")
     data = self_distill_data(adapter, processor, train)
-    drafter = train_drafter(adapter, data, steps=250)
+    # 100 updates: it already drafts every eval answer whole, with the same accept lengths, steps
+    # and EOS-inside-a-path counts as after 250
+    drafter = train_drafter(adapter, data, steps=100)
     evals = [s for t in TASKS for s in make_split(t, 4, 0, "eval")]
     return adapter, processor, drafter, evals, data
 
@@ -79,3 +87,17 @@ def tiny_world(tmp_path_factory):
 def policy(request) -> str:
     """The tree policy: every lossless test runs under both (goodput only changes tree sizes)."""
     return request.param
+
+
+@pytest.fixture(scope="session")
+def hf_refs(tiny_world):
+    """hf_refs(max_new) -> {eval sample id: HF `generate`'s greedy answer}: computed once per length
+    for every parametrization and module that compares against it."""
+    adapter, processor, _, evals, _ = tiny_world
+    cache: dict[int, dict] = {}
+
+    def refs(max_new: int) -> dict:
+        if max_new not in cache:
+            cache[max_new] = {s["id"]: hf_greedy(adapter.model, prompt_inputs(processor, s), max_new) for s in evals}
+        return cache[max_new]
+    return refs

@@ -12,10 +12,11 @@ import pytest
 from spec_core.decoding import DecodeEngine, Request, TreeConfig, load_drafter, speculative_generate
 from spec_core.medusa import MedusaHeads, medusa_loss
 from tests.spec_core.decoding.conftest import fit, prompt_inputs, train_drafter
-from tests.spec_core.decoding.test_greedy import check_caches_against_fresh_prefills, hf_greedy
+from tests.spec_core.decoding.test_greedy import check_caches_against_fresh_prefills
 
 MAX_NEW = 40
 TREE = TreeConfig(width=8, depth=3, budget=30)  # MMSpec Table 6: depth 3, top-k 8, 30 tokens
+pytestmark = pytest.mark.slow  # three drafters trained first
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +37,14 @@ def family(tiny_world, tmp_path_factory):
     return out
 
 
+
 @pytest.mark.parametrize("name", ["prefix", "compressed", "medusa"])
-def test_greedy_equals_hf_generate_on_six_tasks_alone_and_batched(tiny_world, family, name, policy):
+def test_greedy_equals_hf_generate_on_six_tasks_alone_and_batched(tiny_world, family, hf_refs, name, policy):
     adapter, processor, _, evals, _ = tiny_world
     tree = dataclasses.replace(TREE, policy=policy)
     drafter = family[name]
     eos = adapter.model.generation_config.eos_token_id
-    refs = {s["id"]: hf_greedy(adapter.model, prompt_inputs(processor, s), MAX_NEW) for s in evals}
+    refs = hf_refs(MAX_NEW)
     accepts = []
     for s in evals:
         spec = speculative_generate(adapter.model, drafter, prompt_inputs(processor, s), MAX_NEW,

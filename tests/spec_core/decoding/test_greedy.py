@@ -13,13 +13,8 @@ from spec_core.decoding.cache import dynamic_cache_kv
 from spec_core.fovea import FoveaDrafter
 from spec_core.fovea.unroll import image_ranks
 from spec_core.medusa import MedusaHeads
-from tests.spec_core.decoding.conftest import prompt_inputs
+from tests.spec_core.decoding.conftest import hf_greedy, prompt_inputs
 from tests.spec_core.targets.conftest import build_llava_next, build_qwen, llava_next_batch, qwen_batch
-
-
-def hf_greedy(model, inputs, max_new_tokens):
-    out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
 def test_speculative_and_ar_equal_hf_generate_on_the_tiny_world(tiny_world, policy):

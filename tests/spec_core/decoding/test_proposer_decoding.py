@@ -12,7 +12,6 @@ import torch
 from spec_core.decoding import DecodeEngine, Request, TreeConfig
 from spec_core.decoding.proposers import LookaheadTrie, PromptLookup, SuffixAutomaton, TokenRecycling
 from tests.spec_core.decoding.conftest import prompt_inputs
-from tests.spec_core.decoding.test_greedy import hf_greedy
 
 MAX_NEW = 40
 
@@ -32,13 +31,14 @@ def _run(adapter, processor, samples, batch, tree, eos, factory=None, max_new=MA
     return {r.key: r for r in results}
 
 
+
 @pytest.mark.parametrize("name", ["pld", "sam", "lookahead", "recycling"])
-def test_greedy_equals_hf_generate_batched_and_alone(tiny_world, name, policy):
+def test_greedy_equals_hf_generate_batched_and_alone(tiny_world, hf_refs, name, policy):
     adapter, processor, _, evals, _ = tiny_world
     factory, tree = _methods(adapter.model.config.text_config.vocab_size)[name]
     tree = dataclasses.replace(tree, policy=policy)
     eos = adapter.model.generation_config.eos_token_id
-    refs = {s["id"]: hf_greedy(adapter.model, prompt_inputs(processor, s), MAX_NEW) for s in evals}  # six tasks
+    refs = hf_refs(MAX_NEW)  # six tasks
     for batch in (1, 3):
         for key, r in _run(adapter, processor, evals, batch, tree, eos, factory).items():
             assert r.sequences[0].tolist() == refs[key], (name, batch, key)

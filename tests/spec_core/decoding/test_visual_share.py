@@ -10,7 +10,6 @@ import torch
 from spec_core.decoding import DecodeEngine, Request, TreeConfig
 from spec_core.decoding.proposers import SuffixAutomaton
 from tests.spec_core.decoding.conftest import prompt_inputs
-from tests.spec_core.decoding.test_greedy import hf_greedy
 
 MAX_NEW = 24
 
@@ -47,11 +46,12 @@ def test_shares_equal_an_eager_forward(tiny_world):
         assert 0.0 < max(r.visual_shares) <= 1.0
 
 
+
 @pytest.mark.parametrize("tau", [0.0, 0.2, 0.35, 1.01])
-def test_viskip_never_changes_outputs(tiny_world, tau, policy):
+def test_viskip_never_changes_outputs(tiny_world, hf_refs, tau, policy):
     adapter, processor, drafter, evals, _ = tiny_world
     eos = adapter.model.generation_config.eos_token_id
-    refs = {s["id"]: hf_greedy(adapter.model, prompt_inputs(processor, s), MAX_NEW) for s in evals}
+    refs = hf_refs(MAX_NEW)
     for kw in (dict(drafter=drafter, tree=TreeConfig(policy=policy)),
                dict(proposer=SuffixAutomaton, tree=TreeConfig(budget=10, policy=policy))):
         for batch in (1, 3):
