@@ -185,7 +185,8 @@ def grid(adapter, processor, args) -> None:
                 continue
             ratios = [a / x for a, x in zip(ar, t)]  # per repetition, interleaved
             pol = engines[key].policy
-            nodes = f", {sum(pol.chosen) / max(len(pol.chosen), 1):.1f} nodes/step" if pol is not None else ""
+            nodes = (f", {sum(pol.chosen) / max(len(pol.chosen), 1):.1f} nodes/step" if pol is not None else "") + (
+                f", width {sum(pol.widths) / len(pol.widths):.1f}" if pol is not None and pol.widths else "")
             print(f"  {key[0]:10s} {key[1]:14s} throughput vs AR: median {statistics.median(ratios):.2f}x "
                   f"(min-time {min(ar) / min(t):.2f}x){nodes}")
 

@@ -131,8 +131,11 @@ class DecodeEngine:
         self.correction_depth = correction_depth    # None: the drafter's trained correction_depth
         self.tree_cfg = tree or TreeConfig()
         speculative = drafter is not None or proposer is not None
-        self.policy = (GoodputPolicy(self.tree_cfg.budget, self.tree_cfg.depth)
+        # the policy narrows a feature drafter's EAGLE-2 tree (Medusa's and proposers' trees are their own)
+        self.policy = (GoodputPolicy(self.tree_cfg.budget, self.tree_cfg.depth,
+                                     width=self.tree_cfg.width if feature_drafter else None)
                        if speculative and self.tree_cfg.policy == "goodput" else None)
+        self._draft_width = 0  # the width this step's feature-drafter tree expanded
         self.sampling = sampling or SamplingConfig()
         self.eos = set(int(e) for e in eos_token_ids)
         self.gen = generator
@@ -413,7 +416,7 @@ class DecodeEngine:
         t_verified = self._lap("verify", t_drafted)
         if self.policy is not None:
             self.policy.observe(tree, self.B, t_verified - t_drafted, t_drafted - t0, depth if tree.size else 0,
-                                path_BD, n_B, active_B)
+                                path_BD, n_B, active_B, self._draft_width if self.policy.width else 0)
         finished = self._commit(active, rows, hidden_BMD)
         t_committed = self._lap("commit", t_verified)
         if self.policy is not None:
@@ -492,6 +495,9 @@ class DecodeEngine:
             cfg = self.tree_cfg.for_batch(sum(active))
             if depth is not None and depth < cfg.depth:
                 cfg = dataclasses.replace(cfg, depth=depth)
+            if self.policy is not None and self.policy.draft_width is not None and not self.medusa:
+                cfg = dataclasses.replace(cfg, width=min(cfg.width, self.policy.draft_width))
+            self._draft_width = cfg.width
             if self.lazy:
                 self._drafter_flush()  # deferred tokens first: the drafter's state is the slot's
             tree = medusa_tree(self.drafter, self.root_h_BD, cfg) if self.medusa else draft_tree(

@@ -39,29 +39,73 @@ _PRIOR_WEIGHT = 4.0    # pseudo-observations behind each bucket's prior
 
 
 @dataclass
-class CostModel:
-    """Seconds of a verification forward over T tokens (all slots): a + b T, fitted online."""
+class LineFit:
+    """seconds = a + b x, a least-squares fit over measured (x, seconds) with exponential forgetting."""
 
     decay: float = 0.98            # weight kept by older observations per new one
-    draft_per_depth: float = 0.0   # seconds of one drafting depth (EMA); 0: not measured yet
-    commit_tree: float = -1.0      # seconds to commit a step that verified nodes (EMA); < 0: not yet
-    commit_ar: float = -1.0        # ... and an AR step
-    _s: list[float] = field(default_factory=lambda: [0.0] * 5)  # sum w, wT, wT^2, wy, wTy
+    _s: list[float] = field(default_factory=lambda: [0.0] * 5)  # sum w, wx, wx^2, wy, wxy
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, x: float, seconds: float) -> None:
         s = self._s
         for i in range(5):
             s[i] *= self.decay
         s[0] += 1.0
-        s[1] += tokens
-        s[2] += tokens * tokens
+        s[1] += x
+        s[2] += x * x
         s[3] += seconds
-        s[4] += tokens * seconds
+        s[4] += x * seconds
 
-    def observe_draft(self, depth: int, seconds: float, alpha: float = 0.2) -> None:
+    @property
+    def ready(self) -> bool:
+        return self._s[0] > 0
+
+    @property
+    def varied(self) -> bool:
+        """Whether the observed x have varied (before, the slope b is unknown, not 0)."""
+        w, t, t2 = self._s[:3]
+        return w > 0 and w * t2 - t * t > 1e-9 * max(w * t2, 1.0)
+
+    def coefficients(self) -> tuple[float, float]:
+        """(a, b) with a, b >= 0; a flat line through the mean while x has not varied."""
+        w, t, t2, y, ty = self._s
+        if w <= 0:
+            return 0.0, 0.0
+        var = w * t2 - t * t
+        b = (w * ty - t * y) / var if self.varied else 0.0
+        b = max(b, 0.0)
+        a = max((y - b * t) / w, 0.0)
+        return a, b
+
+    def at(self, x: float) -> float:
+        a, b = self.coefficients()
+        return a + b * x
+
+
+@dataclass
+class CostModel(LineFit):
+    """Seconds of a verification forward over T tokens (all slots): a + b T (the LineFit), and of
+    drafting: seconds per depth as a line in the rows the drafter expands (slots x width)."""
+
+    draft_per_depth: float = 0.0   # seconds of one drafting depth (EMA over every width); 0: not measured yet
+    commit_tree: float = -1.0      # seconds to commit a step that verified nodes (EMA); < 0: not yet
+    commit_ar: float = -1.0        # ... and an AR step
+    draft_fit: LineFit = field(default_factory=LineFit)  # seconds per depth vs expanded rows
+
+    def verify_s(self, tokens: int) -> float:
+        return self.at(tokens)
+
+    def observe_draft(self, depth: int, seconds: float, rows: int = 0, alpha: float = 0.2) -> None:
+        """A draft of `depth` depths that expanded `rows` rows per depth (slots x width)."""
         if depth > 0:
             per = seconds / depth
             self.draft_per_depth = per if self.draft_per_depth == 0 else (1 - alpha) * self.draft_per_depth + alpha * per
+            if rows > 0:
+                self.draft_fit.observe(rows, per)
+
+    def draft_depth_s(self, rows: int) -> float:
+        """Seconds of one drafting depth expanding `rows` rows: the fit once the widths have varied,
+        else the mean per depth."""
+        return self.draft_fit.at(rows) if self.draft_fit.varied else self.draft_per_depth
 
     def observe_commit(self, verified_nodes: bool, seconds: float, alpha: float = 0.2) -> None:
         old = self.commit_tree if verified_nodes else self.commit_ar
@@ -75,31 +119,6 @@ class CostModel:
         """Seconds a step that verified nodes spends committing beyond an AR step (0 until both
         have been measured)."""
         return max(self.commit_tree - self.commit_ar, 0.0) if min(self.commit_tree, self.commit_ar) >= 0 else 0.0
-
-    @property
-    def ready(self) -> bool:
-        return self._s[0] > 0
-
-    @property
-    def varied(self) -> bool:
-        """Whether the observed lengths have varied (before, the slope b is unknown, not 0)."""
-        w, t, t2 = self._s[:3]
-        return w > 0 and w * t2 - t * t > 1e-9 * max(w * t2, 1.0)
-
-    def coefficients(self) -> tuple[float, float]:
-        """(a, b) with a, b >= 0; a flat line through the mean while the tokens have not varied."""
-        w, t, t2, y, ty = self._s
-        if w <= 0:
-            return 0.0, 0.0
-        var = w * t2 - t * t
-        b = (w * ty - t * y) / var if self.varied else 0.0
-        b = max(b, 0.0)
-        a = max((y - b * t) / w, 0.0)
-        return a, b
-
-    def verify_s(self, tokens: int) -> float:
-        a, b = self.coefficients()
-        return a + b * tokens
 
 
 class AcceptanceModel:
@@ -164,6 +183,14 @@ class GoodputPolicy:
     candidates of depth <= d of a deeper one: drafting expands depth by depth). After drafting the
     depth's cost is spent, so `choose` weighs only verification.
 
+    With `width` (a feature drafter's EAGLE-2 tree: each depth expands the `width` best nodes into
+    `width` children each), `plan` also narrows the draft to w = min(width, N) for the N it expects
+    to verify, at no loss: the best N nodes of a tree are ancestor-closed and the best at their depth,
+    so a tree expanding the best N per depth holds exactly the best N nodes of the full-width tree.
+    A draft's seconds per depth are a line in the rows it expands (slots x w), fitted as the widths
+    vary; V_d(N) is learnt from a narrowed tree for N <= w only (beyond, full-width trees - the
+    explorations and probes - keep it).
+
     The first steps explore (the full tree, none, half and a quarter of the budget) so that the
     cost fit sees several token counts at this batch size and context - its calibration on the
     running hardware; every `reexplore` steps one such step, drafted at full depth, keeps the fit
@@ -173,15 +200,19 @@ class GoodputPolicy:
     every 64 steps cost a training-free proposer 10% against AR where its drafts never paid)."""
 
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1,
-                 probe_share: float = 0.02):
+                 probe_share: float = 0.02, width: int | None = None):
         self.cost, self.acceptance = CostModel(), AcceptanceModel()
         self.budget, self.depth, self.alpha = budget, depth, alpha
+        self.width = width                     # None: the draft's width is not the policy's to choose
+        self.draft_width = width               # this step's planned width
         self.explore = [budget, 0, max(1, budget // 2), max(1, budget // 4)]
         self.reexplore, self.max_pause, self.probe_share = reexplore, max_pause, probe_share
         self.value: list[list[float] | None] = [None] * (depth + 1)  # V_d(N), N = 0..budget (EMA)
+        self._V: torch.Tensor | None = None  # the curves as one (depth, budget) tensor, rebuilt when they move
         self.steps, self.pause, self.idle = 0, 1, 0
         self.chosen: list[int] = []            # node count per step (0: AR)
         self.depths: list[int] = []            # draft depth per step (0: none)
+        self.widths: list[int] = []            # planned draft width per drafting step (width planned)
         self.predicted, self.accepted = 0.0, 0.0  # summed over verified real nodes (calibration)
         self._p_BN = None
 
@@ -196,49 +227,70 @@ class GoodputPolicy:
         k = self._exploring()
         # a periodic re-exploration while AR is chosen would be a probe as well: the probe's
         # doubling pause decides when to look again
+        self.draft_width = self.width
         if not self.cost.ready or self.value[self.depth] is None or (
                 k is not None and (self.steps < len(self.explore) or self.idle == 0)):
             d = self.depth
         else:
-            d = self._best_depth(n_active, rows)
+            d, n = self._best_plan(n_active, rows)
             self.idle = self.idle + 1 if d == 0 else 0
             if d == 0 and self.idle > self.pause:  # probe: do drafts pay again?
                 d, self.idle, self.pause = self.depth, 0, min(2 * self.pause, self.pause_limit(rows))
             elif d > 0:
                 self.pause = 1
+                self.draft_width = self._width(n)
         self.depths.append(d)
+        if d and self.draft_width is not None:
+            self.widths.append(self.draft_width)
         return d
+
+    def _width(self, n: int) -> int | None:
+        """The draft width that holds the best n nodes (None: not planned)."""
+        return None if self.width is None else max(1, min(self.width, n))
 
     def pause_limit(self, rows: int) -> int:
         """The longest pause between probes: max_pause, or as many AR steps as make one full-depth
         probe cost `probe_share` of them."""
         a, b = self.cost.coefficients()
         ar = a + b * rows
-        probe = self.depth * self.cost.draft_per_depth + self.cost.commit_extra() + a + b * rows * (1 + self.budget)
+        probe = (self.depth * self.cost.draft_depth_s(rows * (self.width or 1)) + self.cost.commit_extra()
+                 + a + b * rows * (1 + self.budget))
         if ar <= 0:
             return self.max_pause
         return max(self.max_pause, math.ceil(probe / (self.probe_share * ar)))
 
-    def _best_depth(self, n_active: int, rows: int) -> int:
+    def _best_plan(self, n_active: int, rows: int) -> tuple[int, int]:
+        """(draft depth, expected node count) of the highest expected rate; (0, 0): AR. Every (d, N)
+        at once (a step's planning must cost little next to an AR step: 6 depths x 80 nodes)."""
         a, b = self.cost.coefficients()  # t_verify(T) = a + b T, read once for every candidate
         fixed = self.cost.commit_extra() + a + b * rows  # any drafting step, besides its depth and nodes
-        best, best_rate = 0, n_active / max(a + b * rows, 1e-12)
-        for d in range(1, self.depth + 1):
-            v = self.value[d]
-            if v is None:
-                continue
-            draft = d * self.cost.draft_per_depth + fixed
-            rate = max(n_active * (1 + v[n]) / (draft + b * rows * n) for n in range(1, len(v)))
-            if rate > best_rate:
-                best, best_rate = d, rate
-        return best
+        ar_rate = n_active / max(a + b * rows, 1e-12)
+        if self._V is None:  # rows d = 1..depth, columns N = 1..budget; -1: no curve yet
+            self._V = torch.tensor([v[1:] if v is not None else [-1.0] * self.budget for v in self.value[1:]],
+                                   dtype=torch.float64)
+        n_N = torch.arange(1, self.budget + 1, dtype=torch.float64)
+        w_N = n_N.clamp(max=self.width) if self.width is not None else torch.ones_like(n_N)
+        if self.cost.draft_fit.varied:
+            da, db = self.cost.draft_fit.coefficients()
+            per_depth_N = da + db * rows * w_N
+        else:
+            per_depth_N = torch.full_like(n_N, self.cost.draft_per_depth)
+        d_D1 = torch.arange(1, self.depth + 1, dtype=torch.float64)[:, None]
+        rate_DN = n_active * (1 + self._V) / (d_D1 * per_depth_N + fixed + b * rows * n_N)
+        rate_DN[self._V < 0] = -math.inf
+        k = int(rate_DN.argmax())  # row-major: ties go to the shallower depth, then the fewer nodes
+        if not float(rate_DN.view(-1)[k]) > ar_rate:
+            return 0, 0
+        return k // self.budget + 1, k % self.budget + 1
 
     def choose(self, tree, active_B: torch.Tensor, rows: int):
         """The tree truncated to the chosen node count (choose_nodes; the draft is already paid)."""
         from spec_core.decoding.tree import truncate
 
         p_BN = self.acceptance.predict(tree.score_BN, tree.depth_BN) * tree.real_BN.cpu()
-        self._learn_values(p_BN, tree.depth_BN.cpu(), active_B.cpu(), self.depths[-1] if self.depths else self.depth)
+        narrowed = self.draft_width if self.width is not None and self.draft_width < self.width else None
+        self._learn_values(p_BN, tree.depth_BN.cpu(), active_B.cpu(), self.depths[-1] if self.depths else self.depth,
+                           narrowed)
         k = self._exploring()
         if k is not None or not self.cost.ready:
             n = min(self.explore[(k or 0) % len(self.explore)], tree.size)
@@ -248,11 +300,13 @@ class GoodputPolicy:
         self._p_BN = p_BN[:, :n]
         return truncate(tree, n)
 
-    def _learn_values(self, p_BN: torch.Tensor, depth_BN: torch.Tensor, active_B: torch.Tensor, drafted: int) -> None:
+    def _learn_values(self, p_BN: torch.Tensor, depth_BN: torch.Tensor, active_B: torch.Tensor, drafted: int,
+                      narrowed: int | None = None) -> None:
         """V_d(N) for every d up to the depth this tree was drafted to: its nodes of depth <= d in
         order (a prefix of the same order a depth-d tree would have), mean over active slots of
         their cumulative p. Where the budget kept no node deeper than some d' < drafted, the curves
-        of d' .. drafted are the same: drafting deeper would have bought nothing."""
+        of d' .. drafted are the same: drafting deeper would have bought nothing. A tree `narrowed`
+        to width w holds the full tree's best N nodes for N <= w only: it updates V_d(0..w)."""
         if not bool(active_B.any()) or drafted < 1:
             return
         # a proposer's chain may run deeper than the tree config's depth: the deepest curve holds it
@@ -262,17 +316,23 @@ class GoodputPolicy:
             kept = kept.sort(dim=1, descending=True).values  # the best N of depth <= d
             curve = [0.0] + kept.cumsum(1).mean(0).tolist()
             curve = (curve + [curve[-1]] * (self.budget + 1))[: self.budget + 1]
-            old = self.value[d]
-            self.value[d] = curve if old is None else [(1 - self.alpha) * o + self.alpha * c for o, c in zip(old, curve)]
+            old, self._V = self.value[d], None
+            if old is None:
+                self.value[d] = curve
+            else:
+                upto = len(curve) if narrowed is None else narrowed + 1
+                self.value[d] = [(1 - self.alpha) * o + self.alpha * c if i < upto else o
+                                 for i, (o, c) in enumerate(zip(old, curve))]
 
     def observe(self, tree, rows: int, verify_s: float, draft_s: float, draft_depth: int,
-                path_BD: torch.Tensor, n_B: torch.Tensor, active_B: torch.Tensor) -> None:
-        """A verified step: its costs, and which of its real nodes the walk accepted."""
+                path_BD: torch.Tensor, n_B: torch.Tensor, active_B: torch.Tensor, draft_width: int = 0) -> None:
+        """A verified step: its costs (`draft_width`: the width the draft expanded per depth, 0
+        where the policy does not plan it), and which of its real nodes the walk accepted."""
         self.steps += 1
         if draft_depth == 0:
             self.chosen.append(0)
         self.cost.observe(rows * (1 + tree.size), verify_s)
-        self.cost.observe_draft(draft_depth, draft_s)
+        self.cost.observe_draft(draft_depth, draft_s, rows * draft_width)
         if tree.size == 0 or self._p_BN is None:
             return
         # node i (1-based) of row b is accepted iff it is among the first n[b] entries of its path

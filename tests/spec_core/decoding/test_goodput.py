@@ -95,20 +95,24 @@ def test_acceptance_calibrates_to_what_is_observed():
     assert p[0] == pytest.approx(0.5, abs=0.05) and p[1] <= p[0] and p[3] <= p[2]
 
 
-def _trained_policy(a: float, b: float, per_depth: float) -> GoodputPolicy:
-    """A policy past its exploration, whose value curves come from a tree of confident nodes."""
+def _confident_tree():
+    """Six nodes over depths 1-3 (the 6th's depth 4 clamped to 3), confident ones first."""
     from spec_core.decoding.tree import DraftTree, ancestor_mask
 
-    pol = GoodputPolicy(budget=6, depth=3)
-    pol.cost = _cost(a, b)
-    pol.cost.draft_per_depth = per_depth
     parent = torch.tensor([[0, 1, 2, 0, 4, 3]])
     depth = torch.tensor([[1, 2, 3, 1, 2, 4]]).clamp_max(3)
     score = torch.log(torch.tensor([[0.95, 0.9, 0.85, 0.3, 0.2, 0.1]], dtype=torch.float64))
-    tree = DraftTree(torch.zeros(1, 6, dtype=torch.long), parent, depth, ancestor_mask(parent, 3), score)
+    return DraftTree(torch.zeros(1, 6, dtype=torch.long), parent, depth, ancestor_mask(parent, 3), score)
+
+
+def _trained_policy(a: float, b: float, per_depth: float) -> GoodputPolicy:
+    """A policy past its exploration, whose value curves come from a tree of confident nodes."""
+    pol = GoodputPolicy(budget=6, depth=3)
+    pol.cost = _cost(a, b)
+    pol.cost.draft_per_depth = per_depth
     for _ in range(len(pol.explore)):
         pol.plan(1, 1)
-        pol.choose(tree, torch.tensor([True]), 1)
+        pol.choose(_confident_tree(), torch.tensor([True]), 1)
         pol.steps += 1
     return pol
 
@@ -163,3 +167,48 @@ def test_probes_where_no_draft_pays_cost_a_bounded_share_of_ar_time():
     assert all(b - a >= 64 for a, b in zip(probes[6:], probes[7:]))  # pauses past max_pause's 64
     cheap = _trained_policy(0.01, 0.0001, per_depth=1e-6)
     assert cheap.pause_limit(1) == cheap.max_pause  # a cheap probe: the usual 64
+
+
+def _paths(tree, b: int) -> set[tuple[int, ...]]:
+    """Row b's nodes as token paths from the root (a node's identity, whatever its index)."""
+    tok = tree.tokens_BN[b].tolist()
+    real = tree.real_BN[b].tolist()
+    return {tuple(t for t, on in zip(tok, tree.anc_BMM[b, i].tolist()) if on) for i in range(tree.size) if real[i]}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_a_tree_narrowed_to_width_n_holds_the_full_trees_best_n_nodes(tiny_world, n):
+    """The ground of the policy's narrowing: an EAGLE-2 tree that expands the best n nodes per depth
+    (width n) holds exactly the n best nodes of the full-width tree, so drafting it loses nothing."""
+    import dataclasses
+
+    from spec_core.decoding import DecodeEngine, Request, TreeConfig
+    from spec_core.decoding.tree import truncate
+    from tests.spec_core.decoding.conftest import prompt_inputs
+
+    adapter, processor, drafter, evals, _ = tiny_world
+    engine = DecodeEngine(adapter, drafter, batch_size=3, capacity=512, tree=TreeConfig(6, 5, 40))
+    list(engine._admit([(b, Request(prompt_inputs(processor, s), 8, key=b)) for b, s in enumerate(evals[::7][:3])]))
+    active = [True] * 3
+    full = truncate(engine._draft(active, [False] * 3), n)
+    engine.tree_cfg = dataclasses.replace(engine.tree_cfg, width=n)
+    narrow = engine._draft(active, [False] * 3)
+    assert narrow.size < 40 or n >= 5  # the narrowed draft is smaller, not the same tree
+    narrow = truncate(narrow, n)
+    for b in range(3):
+        assert _paths(narrow, b) == _paths(full, b) and len(_paths(full, b)) == n, b
+
+
+def test_plan_narrows_the_draft_to_the_nodes_it_expects_and_a_narrowed_tree_teaches_only_those():
+    pol = _trained_policy(0.01, 0.0001, per_depth=0.0001)
+    pol.width = pol.draft_width = 6
+    d = pol.plan(1, 1)
+    n = pol._best_plan(1, 1)[1]
+    assert d == 3 and pol.draft_width == min(6, n) and pol.widths[-1] == pol.draft_width
+    before = {dd: list(v) for dd, v in enumerate(pol.value) if v is not None}
+    pol.draft_width = 2  # a tree drafted 2 wide: its 3rd..6th best nodes are not the full tree's
+    tree = _confident_tree()
+    tree.score_BN = tree.score_BN - 1.0  # less confident than the trees the curves were learnt on
+    pol.choose(tree, torch.tensor([True]), 1)
+    assert all(pol.value[dd][3:] == v[3:] for dd, v in before.items())
+    assert any(pol.value[dd][1:3] != v[1:3] for dd, v in before.items())
