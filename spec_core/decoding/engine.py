@@ -495,7 +495,7 @@ class DecodeEngine:
             cfg = self.tree_cfg.for_batch(sum(active))
             if depth is not None and depth < cfg.depth:
                 cfg = dataclasses.replace(cfg, depth=depth)
-            if self.policy is not None and self.policy.draft_width is not None and not self.medusa:
+            if self.policy is not None and self.policy.draft_width is not None:  # None for Medusa
                 cfg = dataclasses.replace(cfg, width=min(cfg.width, self.policy.draft_width))
             self._draft_width = cfg.width
             if self.lazy:

@@ -102,7 +102,7 @@ class CostModel(LineFit):
             if rows > 0:
                 self.draft_fit.observe(rows, per)
 
-    def draft_depth_s(self, rows: int) -> float:
+    def draft_depth_s(self, rows: int | torch.Tensor) -> float | torch.Tensor:
         """Seconds of one drafting depth expanding `rows` rows: the fit once the widths have varied,
         else the mean per depth."""
         return self.draft_fit.at(rows) if self.draft_fit.varied else self.draft_per_depth
@@ -270,11 +270,7 @@ class GoodputPolicy:
                                    dtype=torch.float64)
         n_N = torch.arange(1, self.budget + 1, dtype=torch.float64)
         w_N = n_N.clamp(max=self.width) if self.width is not None else torch.ones_like(n_N)
-        if self.cost.draft_fit.varied:
-            da, db = self.cost.draft_fit.coefficients()
-            per_depth_N = da + db * rows * w_N
-        else:
-            per_depth_N = torch.full_like(n_N, self.cost.draft_per_depth)
+        per_depth_N = self.cost.draft_depth_s(rows * w_N)  # a tensor (the fit) or a float (the mean)
         d_D1 = torch.arange(1, self.depth + 1, dtype=torch.float64)[:, None]
         rate_DN = n_active * (1 + self._V) / (d_D1 * per_depth_N + fixed + b * rows * n_N)
         rate_DN[self._V < 0] = -math.inf
