@@ -3,6 +3,8 @@ generator, trained on CPU and saved in Hugging Face formats, with a quality repo
 
     python scripts/build_reference.py --size tiny  --out /tmp/ref-tiny
     python scripts/build_reference.py --size small --out runs/reference/small   # or s3://...
+    python scripts/build_reference.py --size tiny-hires --out /tmp/ref-tiny-hires
+    python scripts/build_reference.py --size hires --out runs/reference/hires   # LLaVA-NeXT, 172 visual tokens
 
 Cached by content hash (the code of spec_core/reference, this script, size and seed): when
 <out>/BUILD.json already holds the same hash, nothing is done. BUILD.json is written last.
@@ -13,8 +15,9 @@ each marked done with its metrics; an interrupted build (killed, out of time) co
 first unfinished stage on the next call - the `small` target (most of the time) is never trained
 twice. The staging folder is removed once <out> is written.
 
-Layout of <out>: data/{train,eval}.parquet, target/ (LLaVA + processor), generator/ (codec,
-image_lm, video_lm), metrics.json, report.md, BUILD.json.
+Layout of <out>: data/{train,eval}.parquet, target/ (LLaVA + processor; LLaVA-NeXT for the
+*-hires sizes), generator/ (codec, image_lm, video_lm; not in the hires worlds), metrics.json,
+report.md, BUILD.json.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ sys.path.insert(0, str(REPO))
 
 from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
 
-EVAL_PER_TASK = {"tiny": 2, "small": 100}      # the benchmark split (MMSpec: 100 per subtask)
-QUALITY_PER_TASK = {"tiny": 2, "small": 50}    # of which this many are scored by the build
+SIZES = ("tiny", "small", "tiny-hires", "hires")  # *-hires: the hires world (spec_core.reference.hires)
+EVAL_PER_TASK = {"tiny": 2, "small": 100, "tiny-hires": 2, "hires": 100}   # the benchmark split (MMSpec: 100 per subtask)
+QUALITY_PER_TASK = {"tiny": 2, "small": 50, "tiny-hires": 2, "hires": 50}  # of which this many are scored by the build
 
 
 def content_hash(size: str, seed: int) -> str:
@@ -64,9 +68,10 @@ def is_cached(store: Storage, out: str, digest: str) -> bool:
 
 
 def eval_samples(size: str, seed: int) -> list[dict]:
-    from spec_core.reference import TASKS, make_split
+    from spec_core.reference import TASKS
+    from spec_core.reference.vlm.build import world_of
 
-    return [s for t in TASKS for s in make_split(t, EVAL_PER_TASK[size], seed, "eval")]
+    return [s for t in TASKS for s in world_of(size).make_split(t, EVAL_PER_TASK[size], seed, "eval")]
 
 
 def write_data(stage: Path, size: str, seed: int, train: list[dict]) -> dict:
@@ -104,11 +109,14 @@ def build(size: str, seed: int, stage: Path) -> dict:
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     log = tqdm.write
-    gcfg = GeneratorBuildConfig.preset(size)
+    # the hires worlds are about the VLM: no image / video generator (the small world's serves SCD)
+    gcfg = None if size.endswith("hires") else GeneratorBuildConfig.preset(size)
 
     def evaluate() -> dict:
         log("evaluating the target on held-out samples ...")
         m = evaluate_target(str(stage / "target"), quality_subset(eval_samples(size, seed), size))
+        if gcfg is None:
+            return m
         log("evaluating the generator ...")
         return m | evaluate_generator(str(stage / "generator"), gcfg)
 
@@ -136,6 +144,8 @@ def build(size: str, seed: int, stage: Path) -> dict:
         "generator": generator,
         "evaluate": evaluate,
     }
+    if gcfg is None:
+        del steps["generator"]
     metrics: dict = {"size": size, "seed": seed}
     stages: dict[str, float] = {}
     (stage / DONE).mkdir(parents=True, exist_ok=True)
@@ -188,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=["tiny", "small"], required=True)
+    ap.add_argument("--size", choices=SIZES, required=True)
     ap.add_argument("--out", required=True, help="storage URI (local path or s3://...)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="rebuild even when the cache matches")

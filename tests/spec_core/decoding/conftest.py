@@ -1,5 +1,7 @@
 """A tiny trained reference target with a briefly trained FOVEA drafter (so that drafts are often
-accepted and every path of the acceptance logic runs), and one-sample processor inputs."""
+accepted and every path of the acceptance logic runs), and one-sample processor inputs. The world
+is parametrized: every test of `tiny_world` runs on the small world's LLaVA ('tiny', 16 visual
+tokens) and on the hires world's LLaVA-NeXT ('tiny-hires', AnyRes, 172 visual tokens)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from PIL import Image
 from transformers import AutoProcessor
 
 from spec_core.fovea import DraftSample, FoveaDrafter, collate, drafter_loss
-from spec_core.reference.tasks import TASKS, make_split
-from spec_core.reference.vlm.build import build_target
+from spec_core.reference.tasks import TASKS
+from spec_core.reference.vlm.build import build_target, world_of
 from spec_core.targets import load_target
 
 
@@ -67,12 +69,13 @@ def train_drafter(adapter, data: list[DraftSample], steps: int, seed: int = 0, *
     return fit(drafter, drafter_loss, data, steps, seed)
 
 
-@pytest.fixture(scope="session")
-def tiny_world(tmp_path_factory):
-    """(adapter, processor, drafter, eval samples, training artifacts) on the tiny reference world."""
+@pytest.fixture(scope="session", params=["tiny", "tiny-hires"])
+def tiny_world(request, tmp_path_factory):
+    """(adapter, processor, drafter, eval samples, training artifacts) on a tiny reference world."""
     root = tmp_path_factory.mktemp("decoding")
+    make_split = world_of(request.param).make_split
     train = [s for t in TASKS for s in make_split(t, 6, 0, "train")]
-    build_target("tiny", str(root / "target"), samples=train)
+    build_target(request.param, str(root / "target"), samples=train)
     adapter = load_target(root / "target")
     processor = AutoProcessor.from_pretrained(root / "target")
     data = self_distill_data(adapter, processor, train)

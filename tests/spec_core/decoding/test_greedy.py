@@ -57,7 +57,7 @@ def test_batched_decoding_gives_each_sample_its_batch1_output(tiny_world, tree, 
                                            step_tokens=tree.step_tokens, policy=policy).sequences[0].tolist()
              for s in samples}
     for spec_drafter in (drafter, None):
-        engine = DecodeEngine(adapter, spec_drafter, batch_size=3, capacity=256, tree=tree,
+        engine = DecodeEngine(adapter, spec_drafter, batch_size=3, capacity=512, tree=tree,
                               eos_token_ids=adapter.model.generation_config.eos_token_id)
         results = list(engine.generate(Request(prompt_inputs(processor, s), 30, s["id"]) for s in samples))
         assert sorted(r.key for r in results) == sorted(alone)  # every request once (continuous batching)
@@ -89,7 +89,7 @@ def _fresh_kv(adapter, drafter, inputs, committed):
 def check_caches_against_fresh_prefills(adapter, processor, drafter, samples, policy: str = "fixed") -> int:
     """Decode two samples step by step; after each step the caches and root states equal those of a
     fresh prefill of the committed sequence. Returns the number of (step, sample) checks."""
-    engine = DecodeEngine(adapter, drafter, batch_size=2, capacity=256,  # no EOS: several steps each
+    engine = DecodeEngine(adapter, drafter, batch_size=2, capacity=512,  # no EOS: several steps each
                           tree=TreeConfig(policy=policy))
     # both prompts in one left-padded prefill: each row's cache must equal its own prefill's
     assert engine._admit([(b, Request(prompt_inputs(processor, s), 24, s["id"])) for b, s in enumerate(samples)]) == []

@@ -141,7 +141,7 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_decodes_it(tiny_world
     samples = evals[::3]
 
     def run(dr, batch, policy):
-        engine = DecodeEngine(adapter, dr, batch_size=batch, capacity=256, sampling=sampling,
+        engine = DecodeEngine(adapter, dr, batch_size=batch, capacity=512, sampling=sampling,
                               tree=TreeConfig(policy=policy))
         reqs = [Request(prompt_inputs(processor, s), 24, s["id"], seed=1000 + i) for i, s in enumerate(samples)]
         return {r.key: r.sequences[0].tolist() for r in engine.generate(reqs)}
@@ -151,6 +151,6 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_decodes_it(tiny_world
     for policy in ("fixed", "goodput"):
         for batch in (1, 3):
             assert run(drafter, batch, policy) == ar, (policy, batch)
-    other = DecodeEngine(adapter, None, capacity=256, sampling=sampling)
+    other = DecodeEngine(adapter, None, capacity=512, sampling=sampling)
     assert [r.sequences[0].tolist() for r in other.generate(
         [Request(prompt_inputs(processor, samples[0]), 24, seed=1001)])] != [ar[samples[0]["id"]]]  # seeds matter

@@ -35,7 +35,7 @@ def test_shares_equal_an_eager_forward(tiny_world):
     adapter, processor, drafter, evals, _ = tiny_world
     for s in (evals[8], evals[16]):
         inputs = prompt_inputs(processor, s)
-        engine = DecodeEngine(adapter, drafter, capacity=256, track_visual=True)
+        engine = DecodeEngine(adapter, drafter, capacity=512, track_visual=True)
         (r,) = engine.generate([Request(inputs, 16, s["id"])])
         tokens = r.sequences[0].tolist()
         assert len(r.visual_shares) == len(r.accept_lengths) > 1
@@ -55,7 +55,7 @@ def test_viskip_never_changes_outputs(tiny_world, hf_refs, tau, policy):
     for kw in (dict(drafter=drafter, tree=TreeConfig(policy=policy)),
                dict(proposer=SuffixAutomaton, tree=TreeConfig(budget=10, policy=policy))):
         for batch in (1, 3):
-            engine = DecodeEngine(adapter, batch_size=batch, capacity=256, eos_token_ids=eos, viskip=tau, **kw)
+            engine = DecodeEngine(adapter, batch_size=batch, capacity=512, eos_token_ids=eos, viskip=tau, **kw)
             results = list(engine.generate(Request(prompt_inputs(processor, s), MAX_NEW, s["id"]) for s in evals))
             for r in results:
                 assert r.sequences[0].tolist() == refs[r.key], (tau, batch, r.key)
@@ -68,11 +68,11 @@ def test_viskip_never_changes_outputs(tiny_world, hf_refs, tau, policy):
 @pytest.mark.slow
 def test_viskip_with_a_drafter_skips_some_steps_and_drafts_others(tiny_world):
     adapter, processor, drafter, evals, _ = tiny_world
-    engine = DecodeEngine(adapter, drafter, capacity=256, track_visual=True)
+    engine = DecodeEngine(adapter, drafter, capacity=512, track_visual=True)
     shares = [v for s in evals
               for v in next(iter(engine.generate([Request(prompt_inputs(processor, s), MAX_NEW)]))).visual_shares]
     tau = sorted(shares)[len(shares) // 2]  # the median: about half the steps skip
-    engine = DecodeEngine(adapter, drafter, capacity=256, viskip=tau)
+    engine = DecodeEngine(adapter, drafter, capacity=512, viskip=tau)
     results = [next(iter(engine.generate([Request(prompt_inputs(processor, s), MAX_NEW)]))) for s in evals]
     flags = [v >= tau for r in results for v in r.visual_shares]
     assert 0 < sum(flags) < len(flags)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spec_core.reference.report import BAR_REASONS, BARS, render_report
+from spec_core.reference.report import BAR_REASONS, BARS, HIRES_BARS, render_report
 
 
 def _row(text: str, key: str) -> str:
@@ -23,4 +23,15 @@ def test_a_default_small_build_meets_its_bars_and_says_why_they_sit_there():
 
 def test_tiny_is_not_held_to_the_bars():
     text = render_report({"size": "tiny", "seed": 0, "exact_match_general_vqa": 0.1})
-    assert "bars apply to the `small` world" in text
+    assert "bars apply to the `small` and `hires` worlds; `tiny` only checks" in text
+
+
+def test_the_hires_world_is_held_to_its_own_bars_region_dependence_among_them():
+    m = {"size": "hires", "seed": 0, "exact_match_text_vqa": 0.98, "region_dependence": 0.93,
+         "caption_grounded": 0.8, "image_prompt_following_cfg": 0.1}
+    text = render_report(m)
+    assert _row(text, "exact_match_text_vqa").endswith("| >= 1.0 | NO |")  # the small world's 1.0
+    assert _row(text, "region_dependence").endswith("| yes |")
+    assert _row(text, "caption_grounded").endswith("| >= 0.85 | NO |")
+    assert "image_prompt_following_cfg" not in HIRES_BARS and "| image_prompt_following_cfg | 0.1 |" in text
+    assert "bars apply to" not in text

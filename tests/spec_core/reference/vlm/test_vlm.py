@@ -44,13 +44,14 @@ def test_processor_matches_fast_path(tiny_target):
 
 
 def test_labels_cover_exactly_the_assistant_answers(tiny_target):
-    tok = AutoTokenizer.from_pretrained(tiny_target[0])
+    proc = AutoProcessor.from_pretrained(tiny_target[0])
+    tok = proc.tokenizer
     s = make_sample(3, "multi_turn", 0, "train")
     ids, labels = encode_conversation(tok, s["conversation"], 4)
     assert ids.count(tok.convert_tokens_to_ids("<image>")) == 4
     answer = tok.decode([t for t in labels if t != IGNORE])
     assert answer == "".join(a + "<|end|>" for a in s["answers"])
-    pool = TaskPool.build([s], tok, 4)
+    pool = TaskPool.build([s], proc, 4)
     b = pool.batch("multi_turn", 2, np.random.default_rng(0))
     assert b["input_ids"].shape == b["labels"].shape and b["pixel_values"].shape[0] == 2
 
@@ -65,7 +66,7 @@ def test_target_answers_a_vqa_item_through_generate(tiny_target):
     out = model.generate(**enc, max_new_tokens=8, do_sample=False)
     assert out.shape[1] > enc["input_ids"].shape[1]
     # the batched evaluation path gives the same greedy answer
-    via_eval = generate_turns(model, proc.tokenizer, [s])[0][0]
+    via_eval = generate_turns(model, proc, [s])[0][0]
     assert via_eval == proc.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
