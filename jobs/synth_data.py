@@ -1,6 +1,7 @@
 """Generate the reference world's six-task multimodal dataset with Ray Data, as Parquet.
 
     python jobs/synth_data.py --config manifests/jobs/synth_data.yaml [--set data.seed=1]
+    python jobs/synth_data.py --config manifests/jobs/synth_data.yaml --set data.world=hires
 
 Writes <output_uri>/synth_data/<run_id>/data/<split>/*.parquet (schema: jobs.lib.records).
 Deterministic per (seed, split, task, index); a killed run resumes split by split.
@@ -32,6 +33,9 @@ class DataSection(Strict):
     NOT_COMPUTING: ClassVar[frozenset[str]] = frozenset({"rows_per_block"})
 
     seed: int = 0
+    world: Literal["small", "hires"] = Field(
+        "small", description="small: 64 px scenes; hires: 192 px mosaics of nine panels, region questions, "
+                             "six samples per image (index i of every task shares image i)")
     per_task: dict[str, int] = Field(default_factory=lambda: {"train": 200, "eval": 50},
                                      description="samples per task, per split name")
     tasks: list[Task] = Field(default_factory=lambda: list(TASKS))
@@ -55,7 +59,7 @@ def write_split(split: str, n: int, cfg: SynthDataConfig, out: str, store: Stora
     items = [{"split": split, "task": t, "index": i} for t in cfg.data.tasks for i in range(n)]
     blocks = max(1, len(items) // cfg.data.rows_per_block)
     ds = ray.data.from_items(items, override_num_blocks=blocks)
-    ds = ds.map_batches(generate_samples, fn_kwargs={"seed": cfg.data.seed},
+    ds = ds.map_batches(generate_samples, fn_kwargs={"seed": cfg.data.seed, "world": cfg.data.world},
                         batch_size=cfg.data.rows_per_block, batch_format="pyarrow")
     fs, path = store.arrow_fs(join(out, split))
     # a write task is idempotent (Ray Data names its file by write id and task index; the split is

@@ -3,6 +3,10 @@
 #   bash scripts/demo.sh            # full run on the `small` world: FOVEA against AR, measured
 #   QUICK=1 bash scripts/demo.sh    # a few minutes on the `tiny` world: every job runs, outputs are
 #                                   # checked lossless; its speed figures mean nothing (untrained world)
+#   WORLD=hires bash scripts/demo.sh   # the chain on the hires world: a LLaVA-NeXT (AnyRes) target,
+#                                   # 172 visual tokens per 192 px image, region questions (no image
+#                                   # generator there: generate_images runs on the small world only)
+#   QUICK=1 WORLD=hires ...         # the same on the untrained `tiny-hires` world, in minutes
 # Outputs go under $OUT (default runs/demo) with run id reference-<world>, the reference world under
 # runs/reference/<world>. QUICK and full runs never share a run directory, and a rerun with other
 # settings replaces the old run (run.on_mismatch=restart) instead of mixing into it.
@@ -10,7 +14,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK="${QUICK:-0}"
+KIND="${WORLD:-small}"   # which reference world: small | hires
 OUT="${OUT:-runs/demo}"
+case "$KIND" in
+  small|hires) ;;
+  *) echo "demo: WORLD must be small or hires, got '$KIND'" >&2; exit 2 ;;
+esac
 export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY=.venv/bin/python
@@ -21,6 +30,7 @@ elapsed() { local s=$(( $(date +%s) - T0 )); printf '%dm%02ds' $((s / 60)) $((s 
 
 if [ "$QUICK" = 1 ]; then
   WORLD=tiny
+  [ "$KIND" = hires ] && WORLD=tiny-hires
   DATA_SET=(--set 'data.per_task={train: 10, eval: 5}')
   PRECOMPUTE_LIMIT=null
   EPOCHS=2
@@ -40,6 +50,13 @@ else
   IMG_LIMIT=8
   BUILD_MIN=75; JOBS_MIN=30  # measured from a fresh clone: build 73 min (target 53, generator 18), jobs 28.6 min
   ETA=(1 1 4 16 4 5)
+  if [ "$KIND" = hires ]; then
+    # hires: a training step of its target costs ~3x the small world's (172 visual tokens; measured
+    # on 2 cores, 0.78 vs 0.26 s per batch of 16), the drafter's ~2-3x; no generator to build
+    WORLD=hires
+    BUILD_MIN=100; JOBS_MIN=60
+    ETA=(1 1 10 35 10 0)
+  fi
 fi
 REFERENCE="${REFERENCE:-runs/reference/$WORLD}"
 RID="reference-$WORLD"
@@ -60,7 +77,7 @@ step "reference world '$WORLD' -> $REFERENCE (built once, then a cache hit)"
 $PY scripts/build_reference.py --size "$WORLD" --out "$REFERENCE"
 
 step "synth_data: the reference world's six-task dataset, rendered with Ray Data (about ${ETA[0]} min)"
-$PY jobs/synth_data.py --config manifests/jobs/synth_data.yaml "${RUN[@]}" "${DATA_SET[@]}"
+$PY jobs/synth_data.py --config manifests/jobs/synth_data.yaml "${RUN[@]}" "${DATA_SET[@]}" --set "data.world=$KIND"
 
 step "build_manifests: the drafter's training pool and evaluation manifests (about ${ETA[1]} min)"
 $PY jobs/build_manifests.py --config manifests/jobs/build_manifests.yaml "${RUN[@]}" --set "data.vars.REF=$REFERENCE"
@@ -84,9 +101,13 @@ $PY jobs/generate.py --config manifests/jobs/generate.yaml "${RUN[@]}" \
     --set "methods.fovea_cpu.drafter=$DRAFTER" --set "methods.fovea_goodput.drafter=$DRAFTER" \
     --set 'compare=[ar, hf, fovea, fovea_cpu, fovea_goodput]' --set 'compute.batch_sizes=[1, 4]'
 
-step "generate_images: images and videos, SJD / SCD against AR, Ray actor pool (about ${ETA[5]} min)"
-$PY jobs/generate_images.py --config manifests/jobs/generate_images.yaml "${RUN[@]}" \
-    --set "generator.path=$REFERENCE/generator" --set "data.limit_per_kind=$IMG_LIMIT" --set compute.num_actors=2
+if [ "$KIND" = hires ]; then
+  echo "(generate_images: the hires world has no image / video generator; SJD / SCD run on the small world)"
+else
+  step "generate_images: images and videos, SJD / SCD against AR, Ray actor pool (about ${ETA[5]} min)"
+  $PY jobs/generate_images.py --config manifests/jobs/generate_images.yaml "${RUN[@]}" \
+      --set "generator.path=$REFERENCE/generator" --set "data.limit_per_kind=$IMG_LIMIT" --set compute.num_actors=2
+fi
 
 step "summary"
 SUMMARY=(--out "$OUT" --run-id "$RID" --world "$REFERENCE")

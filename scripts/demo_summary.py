@@ -93,8 +93,9 @@ def render(store: Storage, out: str, run_id: str, world: str | None, quick: bool
     runs = load_runs(store, out, run_id)
     w = json.loads(store.read_text(join(world, "metrics.json"))) if world and store.exists(join(world, "metrics.json")) else {}
     lines = ["", f"Demo summary: the reference world '{w.get('size', '?')}', run id '{run_id}', outputs under {out}", ""]
-    ran = [j for j in CHAIN if j in runs]
-    lines.append(f"Every job ran: {'yes' if len(ran) == len(CHAIN) else 'NO'} ({len(ran)} of {len(CHAIN)}: "
+    chain = CHAIN[:-1] if str(w.get("size", "")).endswith("hires") else CHAIN  # no generator in a hires world
+    ran = [j for j in chain if j in runs]
+    lines.append(f"Every job ran: {'yes' if len(ran) == len(chain) else 'NO'} ({len(ran)} of {len(chain)}: "
                  + ", ".join(ran) + ")")
     gen, img, td = runs.get("generate"), runs.get("generate_images"), runs.get("train_drafter")
     if gen:

@@ -24,10 +24,13 @@ def samples_table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA)
 
 
-def generate_samples(batch: pa.Table, seed: int) -> pa.Table:
-    """Ray Data stage: rows (split, task, index) -> rendered samples (deterministic per row)."""
-    from spec_core.reference import make_sample
+def generate_samples(batch: pa.Table, seed: int, world: str = "small") -> pa.Table:
+    """Ray Data stage: rows (split, task, index) -> rendered samples of the small or the hires
+    reference world (deterministic per row)."""
+    from spec_core.reference import hires, make_sample
 
+    if world == "hires":
+        make_sample = hires.make_sample
     cols = batch.to_pydict()
     rows = [make_sample(int(i), t, seed, s) for s, t, i in zip(cols["split"], cols["task"], cols["index"])]
     return samples_table(rows)

@@ -68,3 +68,14 @@ def test_s3_output(s3_bucket, ray_local):
     store = Storage()
     table = read_split(store, join(cfg.run_dir("synth_data"), "data", "train"))
     assert table.num_rows == 6 and set(table["task"].to_pylist()) == {"text_vqa", "chart_vqa"}
+
+
+def test_the_hires_world_shares_each_image_among_the_six_tasks(tmp_path, ray_local):
+    from spec_core.reference import hires
+
+    cfg = config(str(tmp_path), world="hires")
+    main(cfg)
+    rows = read_split(Storage(), join(cfg.run_dir("synth_data"), "data", "train")).to_pylist()
+    assert len(rows) == 18 and len({r["image_sha256"] for r in rows}) == 3
+    row = next(r for r in rows if r["id"] == "train-chart_vqa-000002")
+    assert row == hires.make_sample(2, "chart_vqa", 0, "train")
