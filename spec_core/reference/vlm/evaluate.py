@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LlavaForConditionalGeneration
 
-from spec_core.reference.hires.mosaic import alter_panel, mosaic_from_json, render_mosaic
+from spec_core.reference.hires.mosaic import PANEL_NAMES, alter_panel, mosaic_from_json, render_mosaic
 from spec_core.reference.tasks import png_bytes
 from spec_core.reference.vlm.data import decode_png, encode_prompt, image_token_count
 from spec_core.reference.vlm.model import image_inputs
@@ -114,10 +114,13 @@ def _redrawn(sample: dict, panel_of) -> dict:
 
 
 def _reads_sign_word(sample: dict) -> bool:
-    """A one-turn question whose answer names the word of the sign in the panel it reads."""
+    """A question about one named panel whose answer names the word of that panel's sign (not
+    'which panel says X': with X redrawn away that question has no right answer left)."""
     mosaic, regions = mosaic_from_json(sample["scene_json"])
-    sign = mosaic.panels[regions[0][0]].sign
-    return len(regions[0]) == 1 and sign is not None and sign.word in sample["answers"][0]
+    p = regions[0][0]
+    sign = mosaic.panels[p].sign
+    return (len(regions[0]) == 1 and sign is not None and sign.word in sample["answers"][0]
+            and f"{PANEL_NAMES[p]} panel" in sample["conversation"][0]["content"])
 
 
 def region_dependence(model, processor, samples: list[dict], answers: list[str], batch: int = 16) -> dict:

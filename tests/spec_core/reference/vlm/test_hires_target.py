@@ -84,3 +84,22 @@ def test_the_evaluation_answers_as_hf_generate_does(world):
     out_ids = model.generate(**enc, max_new_tokens=8, do_sample=False)
     expected = proc.tokenizer.decode(out_ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
     assert generate_turns(model, proc, [s])[0][0] == expected
+
+
+def test_region_dependence_asks_only_questions_about_one_named_panels_sign():
+    from spec_core.reference.hires import PANEL_NAMES, mosaic_from_json
+    from spec_core.reference.vlm.evaluate import _reads_sign_word, _redrawn
+
+    picked = 0
+    for s in [make_sample(i, "text_vqa", 0, "eval") for i in range(60)]:
+        mosaic, [[p]] = mosaic_from_json(s["scene_json"])
+        named = f"{PANEL_NAMES[p]} panel" in s["conversation"][0]["content"]
+        assert _reads_sign_word(s) == (named and mosaic.panels[p].sign.word in s["answers"][0])
+        if _reads_sign_word(s):
+            picked += 1  # the redrawn image differs in panel p only
+            after = np.asarray(decode_png(_redrawn(s, lambda mo, q, rng: q)["image_png"]))
+            diff = np.any(after != np.asarray(decode_png(s["image_png"])), axis=-1)
+            r, c = divmod(p, 3)
+            inside = diff[r * 64:(r + 1) * 64, c * 64:(c + 1) * 64]
+            assert inside.any() and diff.sum() == inside.sum()
+    assert 10 < picked < 60  # lookups ("which panel says X") and other sign questions are left out
