@@ -67,7 +67,9 @@ class PrecomputeConfig(JobConfig):
 
 def plan_shards(store: Storage, manifest: str, limit: int | None, shard_size: int, seed: int = 0) -> list[dict]:
     """Deterministic shards over the chosen manifest rows (all, or the stratified `limit` sample)
-    in manifest order; each image's visual tokens belong to the first shard that uses it."""
+    in manifest order, except that the samples of one image follow its first (so that they share
+    a shard, and with it the image's visual tokens and prompt-prefix states); each image's visual
+    tokens belong to the first shard that uses it."""
     import pyarrow.parquet as pq
 
     from jobs.lib.subset import stratified_rows
@@ -75,6 +77,11 @@ def plan_shards(store: Storage, manifest: str, limit: int | None, shard_size: in
     fs, path = store.arrow_fs(manifest)
     cols = pq.read_table(path, filesystem=fs, columns=["image_sha256", "source", "task"]).to_pydict()
     rows = stratified_rows(list(zip(cols["source"], cols["task"])), limit, seed)
+    image = [cols["image_sha256"][r] or f"-{i}" for i, r in enumerate(rows)]  # rows without an image stay in place
+    first: dict[str, int] = {}
+    for i, key in enumerate(image):
+        first.setdefault(key, i)
+    rows = [rows[i] for i in sorted(range(len(rows)), key=lambda i: (first[image[i]], i))]
     shas = [cols["image_sha256"][i] for i in rows]
     owner: dict[str, int] = {}
     for i, sha in enumerate(shas):

@@ -142,7 +142,8 @@ class TargetStage:
         batch = {k: v.to(self.adapter.model.device) for k, v in collate_image_inputs([arrays]).items()}
         with torch.no_grad():
             features_ND = self.adapter.image_features(batch).pooler_output[0]
-        return {"image_sha256": sha, "n_visual": len(features_ND), "visual": to_16bit(features_ND, self.hidden_dtype).tobytes()}
+        return {"image_sha256": sha, "n_visual": len(features_ND), "visual": to_16bit(features_ND, self.hidden_dtype).tobytes(),
+                "prefix_ids": [], "prefix_hidden": b""}
 
     def _regenerate(self, samples: list[dict], rejects: list[dict]) -> tuple[list[dict], int]:
         """Answers replaced by the target's; samples now over max_length, or left unanswered
@@ -176,7 +177,7 @@ class TargetStage:
 
     def __call__(self, batch: dict) -> dict:
         from jobs.lib.artifact_store import commit_shard
-        from spec_core.targets.artifacts import naive_bytes
+        from spec_core.targets.artifacts import image_prefix_len, naive_bytes
 
         shards = []
         for i in range(len(batch["shard"])):
@@ -197,14 +198,18 @@ class TargetStage:
             for j in range(0, len(samples), self.batch_size):
                 group = samples[j: j + self.batch_size]
                 for s, a in zip(group, self._micro_batch(group)):
+                    sha = s["image_sha256"]
+                    if sha in owners and sha not in visual:  # this sample's prefix becomes the image's
+                        L = image_prefix_len(a.input_ids, self.adapter.image_token_id)
+                        visual[sha] = {"image_sha256": sha, "n_visual": len(a.visual), "visual": a.visual.tobytes(),
+                                       "prefix_ids": a.input_ids[:L].tolist(), "prefix_hidden": a.final_hidden[:L].tobytes()}
+                    prefix = visual[sha]["prefix_ids"] if sha in visual else []
+                    L = len(prefix) if a.input_ids[:len(prefix)].tolist() == prefix else 0
                     rows.append({"id": s["id"], "source": s["source"], "task": s["task"],
-                                 "image_sha256": s["image_sha256"], "n_tokens": len(a.input_ids),
+                                 "image_sha256": sha, "n_tokens": len(a.input_ids), "prefix_len": L,
                                  "input_ids": a.input_ids, "loss_mask": a.loss_mask,
-                                 "final_hidden": a.final_hidden.tobytes(), "mid_pos": a.mid_pos,
+                                 "final_hidden": a.final_hidden[L:].tobytes(), "mid_pos": a.mid_pos,
                                  "mid_layer": a.mid_layer, "mid_hidden": a.mid_hidden.tobytes()})
-                    if s["image_sha256"] in owners and s["image_sha256"] not in visual:
-                        visual[s["image_sha256"]] = {"image_sha256": s["image_sha256"], "n_visual": len(a.visual),
-                                                     "visual": a.visual.tobytes()}
                     naive += naive_bytes(len(a.input_ids), len(a.visual), a.final_hidden.shape[1])
                     tokens += len(a.input_ids)
             for sha in sorted(owners - set(visual)):  # owned images none of whose samples survived

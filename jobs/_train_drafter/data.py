@@ -24,7 +24,8 @@ from jobs.lib.artifact_store import ARTIFACT_VERSION, committed_shards, shard_na
 from jobs.lib.storage import Storage, StorageConfig, join
 
 # What a training worker reads of a SAMPLES_SCHEMA row (not source, task, mid_layer).
-TRAIN_COLUMNS = ["id", "image_sha256", "n_tokens", "input_ids", "loss_mask", "final_hidden", "mid_pos", "mid_hidden"]
+TRAIN_COLUMNS = ["id", "image_sha256", "n_tokens", "prefix_len", "input_ids", "loss_mask", "final_hidden", "mid_pos",
+                 "mid_hidden"]
 
 
 class ArtifactError(ValueError):
@@ -107,8 +108,9 @@ def sha_owners(art: Artifacts, store: Storage) -> dict[str, int]:
 
 
 def attach_visual(table: pa.Table, root: str, owners: dict[str, int], storage: StorageConfig) -> pa.Table:
-    """Ray Data map_batches UDF: add each row's image tokens (`visual` bytes, `n_visual`),
-    reading only the needed rows of each owner shard's visual table."""
+    """Ray Data map_batches UDF: add each row's image tokens (`visual` bytes, `n_visual`) and the
+    image's shared prompt prefix (`prefix_ids`, `prefix_hidden`), reading only the needed rows of
+    each owner shard's visual table."""
     store = Storage(storage)
     shas = table.column("image_sha256").to_pylist()
     wanted: dict[int, set[str]] = {}
@@ -117,15 +119,17 @@ def attach_visual(table: pa.Table, root: str, owners: dict[str, int], storage: S
             if sha not in owners:
                 raise ArtifactError(f"artifacts {root}: no visual tokens for image {sha}")
             wanted.setdefault(owners[sha], set()).add(sha)
-    found: dict[str, tuple[int, bytes]] = {}
+    found: dict[str, dict] = {}
     for k, need in wanted.items():
         fs, path = store.arrow_fs(join(root, "visual", f"{shard_name(k)}.parquet"))
         rows = pq.read_table(path, filesystem=fs, filters=pc.field("image_sha256").isin(sorted(need)))
         for r in rows.to_pylist():
-            found[r["image_sha256"]] = (r["n_visual"], r["visual"])
-    n_visual = pa.array([found[s][0] if s else 0 for s in shas], pa.int32())
-    visual = pa.array([found[s][1] if s else None for s in shas], pa.binary())
-    return table.append_column("n_visual", n_visual).append_column("visual", visual)
+            found[r["image_sha256"]] = r
+    none = {"n_visual": 0, "visual": None, "prefix_ids": [], "prefix_hidden": b""}
+    for col, kind in (("n_visual", pa.int32()), ("visual", pa.binary()), ("prefix_ids", pa.list_(pa.int32())),
+                      ("prefix_hidden", pa.binary())):
+        table = table.append_column(col, pa.array([(found[s] if s else none)[col] for s in shas], kind))
+    return table
 
 
 def training_dataset(art: Artifacts, store: Storage, seed: int, cpus_per_task: float = 0.5):
@@ -146,4 +150,4 @@ def decode_rows(rows: list[dict], hidden: int, dtype: str) -> list:
     """Rows of `training_dataset` -> spec_core DraftSamples (float32 tensors)."""
     from spec_core.fovea.data import decode_sample
 
-    return [decode_sample(r, r["visual"], r["n_visual"], hidden, dtype) for r in rows]
+    return [decode_sample(r, r["visual"], r["n_visual"], hidden, dtype, r["prefix_ids"], r["prefix_hidden"]) for r in rows]

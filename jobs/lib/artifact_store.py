@@ -1,7 +1,8 @@
 """The precompute job's on-storage layout: shard tables, commit markers, the index.
 
     <artifacts>/samples/shard-00007.parquet   one row per sample (SAMPLES_SCHEMA)
-    <artifacts>/visual/shard-00007.parquet    projected visual tokens, once per image (VISUAL_SCHEMA)
+    <artifacts>/visual/shard-00007.parquet    projected visual tokens and the image's shared prompt
+                                              prefix states, once per image (VISUAL_SCHEMA)
     <artifacts>/rejects/shard-00007.parquet   samples that could not be used, with a reason
     <artifacts>/_committed/shard-00007.json   written last: the shard is complete (counts, bytes)
     <artifacts>/index.json                    written at the end: schema, target identity, shards
@@ -11,6 +12,13 @@ write + rename), and a shard counts only once its marker exists: a killed run is
 redoing exactly the shards without a marker, so nothing is lost or duplicated. Each marker
 records the run key's hash and the rows it covers (jobs.lib.run_key), checked on resume. An image's visual
 tokens live in its owner shard (the first shard that uses it): deduplicated across the run.
+
+Samples that share an image usually share their prompt up to the end of the image (BOS, the user
+header, the image placeholders): a causal target computes the same states there, so the owner
+shard stores the final states of that prefix once, with the image (`prefix_ids`,
+`prefix_hidden`), and each of its samples whose ids begin with exactly that prefix stores only the
+rest (`prefix_len` = its length; 0 = every state in the sample's own row). The hires world asks
+six questions per image: its 172 image positions are stored once instead of six times.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import pyarrow.parquet as pq
 
 from jobs.lib.storage import Storage, join
 
-ARTIFACT_VERSION = 1
+ARTIFACT_VERSION = 2  # 2: shared image prefix states (prefix_len, prefix_ids, prefix_hidden)
 
 SAMPLES_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -31,9 +39,10 @@ SAMPLES_SCHEMA = pa.schema([
     ("task", pa.string()),
     ("image_sha256", pa.string()),           # key into the visual tables
     ("n_tokens", pa.int32()),                # T
+    ("prefix_len", pa.int32()),              # L: leading positions whose states are the image's prefix_hidden
     ("input_ids", pa.list_(pa.int32())),     # (T,)
     ("loss_mask", pa.list_(pa.bool_())),     # (T,) assistant tokens
-    ("final_hidden", pa.binary()),           # (T, D) 16-bit, row-major
+    ("final_hidden", pa.binary()),           # (T - L, D) 16-bit, row-major: positions L..T-1
     ("mid_pos", pa.list_(pa.int32())),       # (S,) supervised positions
     ("mid_layer", pa.list_(pa.uint8())),     # (S,) min-attention-entropy hidden state index
     ("mid_hidden", pa.binary()),             # (S, D) 16-bit
@@ -42,6 +51,8 @@ VISUAL_SCHEMA = pa.schema([
     ("image_sha256", pa.string()),
     ("n_visual", pa.int32()),                # N (the validity mask is arange(P) < N)
     ("visual", pa.binary()),                 # (N, D) 16-bit projector output
+    ("prefix_ids", pa.list_(pa.int32())),    # (L,) the shared prompt prefix through the image ([]: none)
+    ("prefix_hidden", pa.binary()),          # (L, D) 16-bit final states of that prefix
 ])
 REJECTS_SCHEMA = pa.schema([
     ("id", pa.string()),

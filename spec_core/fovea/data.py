@@ -59,17 +59,25 @@ def _rows(raw, n_rows: int, hidden: int, dtype: str) -> torch.Tensor:
 
 
 def decode_sample(row: dict, visual_raw: bytes | None, n_visual: int, hidden: int,
-                  dtype: str = "float16") -> DraftSample:
-    """One SAMPLES_SCHEMA row plus its image's VISUAL_SCHEMA blob -> float32 tensors."""
+                  dtype: str = "float16", prefix_ids: list[int] | None = None,
+                  prefix_raw: bytes | None = None) -> DraftSample:
+    """One SAMPLES_SCHEMA row plus its image's VISUAL_SCHEMA blobs -> float32 tensors. A row with
+    prefix_len L > 0 holds the final states of positions L.. only; positions 0..L-1 are the image's
+    shared prefix (`prefix_ids`, `prefix_raw`), which its ids must begin with."""
     ids = torch.as_tensor(np.asarray(row["input_ids"], dtype=np.int64))
-    T = ids.shape[0]
+    T, L = ids.shape[0], int(row.get("prefix_len") or 0)
+    final = _rows(row["final_hidden"], T - L, hidden, dtype)
+    if L:
+        if prefix_ids is None or len(prefix_ids) < L or list(prefix_ids[:L]) != ids[:L].tolist():
+            raise ValueError(f"sample {row.get('id')} begins with a prefix of {L} tokens its image's prefix does not hold")
+        final = torch.cat([_rows(prefix_raw, len(prefix_ids), hidden, dtype)[:L], final])
     mid_pos = torch.as_tensor(np.asarray(row["mid_pos"], dtype=np.int64))
     mid = torch.zeros(T, hidden)
     mid[mid_pos] = _rows(row["mid_hidden"], len(mid_pos), hidden, dtype)
     mid_valid = torch.zeros(T, dtype=torch.bool)
     mid_valid[mid_pos] = True
     return DraftSample(ids, torch.as_tensor(np.asarray(row["loss_mask"], dtype=bool)),
-                       _rows(row["final_hidden"], T, hidden, dtype), mid, mid_valid,
+                       final, mid, mid_valid,
                        _rows(visual_raw, n_visual, hidden, dtype))
 
 

@@ -8,7 +8,9 @@ EAGLE/DREAM family FOVEA follows):
 - `mid_hidden` (S, D) + `mid_layer` (S,) uint8 + `mid_pos` (S,) int32: the per-token
   minimum-attention-entropy state only at the supervised positions S = {t : mask[t] or
   mask[t+1]} (the state that predicts an assistant token, and the assistant token's own);
-- the projected visual tokens (N, D) once per image, stored apart and referenced by hash.
+- the projected visual tokens (N, D) once per image, stored apart and referenced by hash;
+- `image_prefix_len`: where the prompt prefix that samples of one image share ends (through the
+  first image's placeholders): the job stores those final states once per image.
 
 `naive_bytes` is what an EAGLE-style dump of the same sample costs: fp16 states at every position
 (final and intermediate, as DREAM stores them), a per-sample copy of the visual tokens, int64 ids
@@ -46,6 +48,18 @@ def supervised_positions(loss_mask_T: np.ndarray) -> np.ndarray:
     s = m.copy()
     s[:-1] |= m[1:]
     return np.flatnonzero(s).astype(np.int32)
+
+
+def image_prefix_len(input_ids_T, image_token_id: int) -> int:
+    """Length of the prompt prefix through the first block of image placeholders (0 if none):
+    everything before and including the image, identical for every question asked of it under
+    one chat template."""
+    ids = np.asarray(input_ids_T)
+    hits = np.flatnonzero(ids == image_token_id)
+    if hits.size == 0:
+        return 0
+    gaps = np.flatnonzero(np.diff(hits) != 1)
+    return int(hits[gaps[0]] if gaps.size else hits[-1]) + 1
 
 
 def to_16bit(x: torch.Tensor, dtype: str) -> np.ndarray:

@@ -18,6 +18,7 @@ from PIL import Image
 from jobs.lib.artifact_store import SAMPLES_SCHEMA, VISUAL_SCHEMA, read_kind
 from jobs.lib.storage import Storage
 from jobs.precompute import PrecomputeConfig, main
+from spec_core.fovea.data import decode_sample
 from spec_core.targets import load_target
 from spec_core.targets import load_image_encoder
 from spec_core.targets.artifacts import from_16bit
@@ -75,13 +76,21 @@ def test_schema_and_shapes(run):
     assert sorted(n_visual) == ["img0", "img1", "img2", "img3"]  # once per image
     expected = {"llava_next": [14, 24], "qwen": [15, 8]}[run["name"]]
     assert [n_visual["img0"], n_visual["img1"]] == expected  # N varies with the image's size
+    prefix = {v["image_sha256"]: v["prefix_ids"] for v in visual.to_pylist()}
     for v in visual.to_pylist():
-        assert len(v["visual"]) == v["n_visual"] * D * 2
+        assert len(v["visual"]) == v["n_visual"] * D * 2 and len(v["prefix_hidden"]) == len(v["prefix_ids"]) * D * 2
     for r in samples.to_pylist():
         T, S = r["n_tokens"], len(r["mid_pos"])
         assert len(r["input_ids"]) == len(r["loss_mask"]) == T and len(r["mid_layer"]) == S
-        assert len(r["final_hidden"]) == T * D * 2 and len(r["mid_hidden"]) == S * D * 2
+        assert len(r["final_hidden"]) == (T - r["prefix_len"]) * D * 2 and len(r["mid_hidden"]) == S * D * 2
         assert r["input_ids"].count(IMAGE) == n_visual[r["image_sha256"]]
+        # the prompt prefix through the image is stored with the image for the samples of its owner
+        # shard (a sample whose image another shard owns keeps all its states)
+        assert r["prefix_len"] in (0, len(prefix[r["image_sha256"]]))
+        assert r["input_ids"][:r["prefix_len"]] == prefix[r["image_sha256"]][:r["prefix_len"]]
+    assert sum(r["prefix_len"] > 0 for r in samples.to_pylist()) >= len(prefix)
+    for sha, ids in prefix.items():
+        assert ids[-1] == IMAGE and ids.count(IMAGE) == n_visual[sha]  # it ends with the image
     f = run["metrics"]["figures"]
     assert f["samples"] == 8 and len(f["actor_busy_fraction_per_actor"]) == 1
     assert 0 < next(iter(f["actor_busy_fraction_per_actor"].values())) <= 1
@@ -118,9 +127,9 @@ def test_chosen_layer_and_states_equal_brute_force(run):
         mid_SD = from_16bit(np.frombuffer(r["mid_hidden"], np.uint16).reshape(-1, D), "float16")
         chosen_SD = torch.stack([hidden[layer][0, p] for layer, p in zip(r["mid_layer"], r["mid_pos"])])
         assert torch.allclose(mid_SD, chosen_SD, atol=2e-3, rtol=2e-3)
-        final_TD = from_16bit(np.frombuffer(r["final_hidden"], np.uint16).reshape(-1, D), "float16")
-        assert torch.allclose(final_TD, hidden[-1][0], atol=2e-3, rtol=2e-3)
         v = visual[r["image_sha256"]]
+        final_TD = decode_sample(r, v["visual"], v["n_visual"], D, "float16", v["prefix_ids"], v["prefix_hidden"]).final
+        assert torch.allclose(final_TD, hidden[-1][0], atol=2e-3, rtol=2e-3)
         image_pos = (ids_1T[0] == IMAGE).nonzero()[:, 0]
         vis_ND = from_16bit(np.frombuffer(v["visual"], np.uint16).reshape(v["n_visual"], D), "float16")
         assert torch.allclose(vis_ND, hidden[0][0, image_pos], atol=2e-3, rtol=2e-3)  # projector output in place

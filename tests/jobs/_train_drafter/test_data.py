@@ -128,3 +128,35 @@ def test_artifacts_must_come_from_the_target(artifacts):
     with pytest.raises(ArtifactError) as e:
         check_target(art, {"target_path": "/u", "target_config_sha256": "def", "hidden_size": D})
     assert "(config abc), not by /u (config def)" in _one_line(e)
+
+
+def test_a_row_that_shares_its_images_prompt_prefix_decodes_to_all_its_states(tmp_path):
+    """Six questions of one image share BOS .. image placeholders: the owner stores those states
+    once; a row with prefix_len L holds positions L.. and decodes to every position."""
+    rng, store, root = np.random.default_rng(1), Storage(), str(tmp_path / "artifacts")
+    prefix_ids, L = [1, 4, 9, 9, 9], 5
+    prefix = torch.randn(L, D)
+    rows, originals = [], {}
+    for sid, shared in (("q0", True), ("q1", True), ("q2", False)):
+        row, orig = _sample(sid, "img-a", rng)
+        if shared:
+            row["input_ids"][:L] = prefix_ids
+            orig["final"][:L] = prefix
+            row["prefix_len"] = L
+            row["final_hidden"] = to_16bit(orig["final"][L:], "float16").tobytes()
+        rows.append(row)
+        originals[sid] = orig
+    vis = [{"image_sha256": "img-a", "n_visual": 5, "visual": to_16bit(torch.randn(5, D), "float16").tobytes(),
+            "prefix_ids": prefix_ids, "prefix_hidden": to_16bit(prefix, "float16").tobytes()}]
+    commit_shard(store, root, 0, {"samples": rows, "visual": vis, "rejects": []},
+                 {"artifact_version": str(ARTIFACT_VERSION)}, {"samples": 3})
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(join(root, "samples", "shard-00000.parquet"))
+    got = attach_visual(table, root, {"img-a": 0}, store.cfg).to_pylist()
+    assert [r["prefix_len"] or 0 for r in got] == [L, L, 0]
+    for r, s in zip(decode_rows(got, D, "float16"), got):
+        assert torch.equal(r.final, from_16bit(to_16bit(originals[s["id"]]["final"], "float16"), "float16"))
+    got[0]["prefix_ids"] = [1, 4, 9, 9, 8]  # a prefix the row does not begin with
+    with pytest.raises(ValueError, match="prefix of 5 tokens"):
+        decode_rows(got[:1], D, "float16")
