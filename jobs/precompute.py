@@ -38,6 +38,9 @@ class DataSection(Strict):
                           description="a manifest table (jobs/build_manifests.py output), any URI")
     limit: int | None = Field(None, ge=1, description="N manifest rows only: a seeded sample stratified by "
                               "(source, task) (jobs.lib.subset), not the first N")
+    limit_unit: Literal["rows", "images"] = Field(
+        "rows", description="images: the `limit` sample takes an image's rows together (all its questions), so "
+                            "they share its stored visual tokens and prompt prefix")
     seed: int = Field(0, description="seed of the `limit` sample")
     max_length: int = Field(2048, ge=8, description="longer samples are rejected")
     shard_size: int = Field(64, ge=1, description="samples per committed shard")
@@ -65,18 +68,21 @@ class PrecomputeConfig(JobConfig):
     compute: ComputeSection = ComputeSection()
 
 
-def plan_shards(store: Storage, manifest: str, limit: int | None, shard_size: int, seed: int = 0) -> list[dict]:
+def plan_shards(store: Storage, manifest: str, limit: int | None, shard_size: int, seed: int = 0,
+                limit_unit: str = "rows") -> list[dict]:
     """Deterministic shards over the chosen manifest rows (all, or the stratified `limit` sample)
     in manifest order, except that the samples of one image follow its first (so that they share
     a shard, and with it the image's visual tokens and prompt-prefix states); each image's visual
     tokens belong to the first shard that uses it."""
     import pyarrow.parquet as pq
 
-    from jobs.lib.subset import stratified_rows
+    from jobs.lib.subset import stratified_rows, whole_units
 
     fs, path = store.arrow_fs(manifest)
     cols = pq.read_table(path, filesystem=fs, columns=["image_sha256", "source", "task"]).to_pydict()
-    rows = stratified_rows(list(zip(cols["source"], cols["task"])), limit, seed)
+    groups = list(zip(cols["source"], cols["task"]))
+    rows = (whole_units(groups, [sha or None for sha in cols["image_sha256"]], limit, seed) if limit_unit == "images"
+            else stratified_rows(groups, limit, seed))
     image = [cols["image_sha256"][r] or f"-{i}" for i, r in enumerate(rows)]  # rows without an image stay in place
     first: dict[str, int] = {}
     for i, key in enumerate(image):
@@ -109,7 +115,8 @@ def main(cfg: PrecomputeConfig) -> dict:
     key = open_run(cfg, "precompute", store, {"target": fingerprint(store, cfg.target.path),
                                               "manifest": fingerprint(store, cfg.data.manifest)})
     rec = RunRecorder("precompute", cfg, run_dir, store)
-    shards = plan_shards(store, cfg.data.manifest, cfg.data.limit, cfg.data.shard_size, cfg.data.seed)
+    shards = plan_shards(store, cfg.data.manifest, cfg.data.limit, cfg.data.shard_size, cfg.data.seed,
+                         cfg.data.limit_unit)
     done = committed_shards(store, root, key["hash"], shards)
     pending = [s for s in shards if s["shard"] not in done]
     rec.figure("ray", init_ray(cfg.ray)["mode"])

@@ -58,6 +58,7 @@ else
     ETA=(1 1 10 35 10 0)
   fi
 fi
+LIMIT_UNIT=rows; [ "$KIND" = hires ] && LIMIT_UNIT=images  # six questions per image: keep them together
 REFERENCE="${REFERENCE:-runs/reference/$WORLD}"
 RID="reference-$WORLD"
 RUN=(--set "run.output_uri=$OUT" --set "run.run_id=$RID" --set run.on_mismatch=restart)
@@ -86,7 +87,7 @@ MANIFESTS="$OUT/build_manifests/$RID"
 step "precompute: drafter-training artifacts from the frozen target, Ray Data actor pool (about ${ETA[2]} min)"
 $PY jobs/precompute.py --config manifests/jobs/precompute.yaml "${RUN[@]}" \
     --set "data.manifest=$MANIFESTS/train.parquet" --set "target.path=$REFERENCE/target" \
-    --set "data.limit=$PRECOMPUTE_LIMIT"
+    --set "data.limit=$PRECOMPUTE_LIMIT" --set "data.limit_unit=$LIMIT_UNIT"
 
 step "train_drafter: the FOVEA drafter, Ray Train + DeepSpeed ZeRO-2 (about ${ETA[3]} min)"
 $PY jobs/train_drafter.py --config manifests/jobs/train_drafter.yaml "${RUN[@]}" \

@@ -46,3 +46,20 @@ def _allocate(sizes: list[int], limit: int) -> list[int]:
                 floor[i] += 1
                 rest -= 1
     return floor
+
+
+def whole_units(groups: Sequence[Hashable], units: Sequence[Hashable], limit: int | None, seed: int = 0) -> list[int]:
+    """Indices (sorted) of about `limit` rows taken a whole unit at a time (a unit: the rows that
+    share an image; None = a row alone), the units sampled as `stratified_rows` samples rows, by
+    the sorted groups of their rows. Six questions per image stay together, so what is stored
+    once per image (visual tokens, the shared prompt prefix) is shared by all of them."""
+    n = len(groups)
+    if limit is None or limit >= n:
+        return list(range(n))
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for i, u in enumerate(units):
+        members[("row", i) if u is None else ("unit", u)].append(i)
+    keys = list(members)  # first-appearance order
+    kind = [tuple(sorted({str(groups[i]) for i in members[k]})) for k in keys]
+    take = max(1, round(limit * len(keys) / n))
+    return sorted(i for j in stratified_rows(kind, take, seed) for i in members[keys[j]])

@@ -275,3 +275,21 @@ def test_samples_beyond_the_position_table_are_rejected(world, ray_local, tmp_pa
     assert rejects[multi["id"]].startswith("turn 1: beyond the position table: ")
     assert rejects[multi["id"]].endswith(f" tokens + {max_new} new > max_position_embeddings {limit}")
     assert all("beyond the position table" in r for r in rejects.values())
+
+
+def test_the_plan_keeps_an_images_questions_together_in_a_shard(tmp_path):
+    """Six questions per image, written one task after another: the plan brings an image's rows
+    together (one owner shard, so they share its prefix), and `limit_unit: images` samples whole images."""
+    from jobs.precompute import plan_shards
+
+    tasks = ["general", "text", "caption", "chart", "reason", "multi"]
+    rows = [{"image_sha256": f"img{i}", "source": t, "task": t} for t in tasks for i in range(10)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "m.parquet")
+    plan = plan_shards(Storage(), str(tmp_path / "m.parquet"), None, 6)
+    for s in plan:  # every shard holds exactly one image's six questions, and owns it
+        assert len({rows[r]["image_sha256"] for r in s["rows"]}) == 1 == len(s["owners"].split(","))
+    sub = plan_shards(Storage(), str(tmp_path / "m.parquet"), 18, 6, seed=1, limit_unit="images")
+    assert sum(len(s["rows"]) for s in sub) == 18
+    assert all(len({rows[r]["image_sha256"] for r in s["rows"]}) == 1 for s in sub)
+    by_rows = plan_shards(Storage(), str(tmp_path / "m.parquet"), 18, 6, seed=1)  # rows: questions of many images
+    assert len({rows[r]["image_sha256"] for s in by_rows for r in s["rows"]}) > 3

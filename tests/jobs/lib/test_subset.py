@@ -42,3 +42,19 @@ def test_seeded_and_deterministic():
 def test_fewer_rows_than_groups_takes_one_from_as_many_groups():
     rows = stratified_rows(POOL, 4, seed=0)
     assert len(rows) == 4 and len({POOL[i] for i in rows}) == 4
+
+
+def test_whole_units_take_every_row_of_an_image_and_about_the_limit():
+    from jobs.lib.subset import whole_units
+
+    tasks = ["general", "text", "caption", "chart", "reason", "multi"]
+    groups = [t for t in tasks for _ in range(100)]  # written grouped by task, image i asked once per task
+    units = [f"img{i}" for _ in tasks for i in range(100)]
+    rows = whole_units(groups, units, 120, seed=3)
+    assert rows == sorted(rows) and len(rows) == 120  # 20 images x 6 questions
+    chosen = {units[i] for i in rows}
+    assert len(chosen) == 20 and all(sum(units[i] == u for i in rows) == 6 for u in chosen)
+    assert whole_units(groups, units, 120, seed=3) == rows != whole_units(groups, units, 120, seed=4)
+    assert whole_units(groups, units, None) == list(range(600))
+    lone = whole_units(groups, [None] * 600, 30, seed=1)  # no shared images: rows, stratified by task
+    assert len(lone) == 30 and Counter(groups[i] for i in lone) == Counter({t: 5 for t in tasks})
