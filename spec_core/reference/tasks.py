@@ -242,21 +242,19 @@ def make_sample(index: int, task: str, seed: int, split: str) -> dict:
     rng = sample_rng(index, task, seed, split)
     scene = scene_for_task(task, rng)
     turns = multi_turn(scene, rng) if task == "multi_turn" else [_SINGLE[task](scene, rng)]
+    return sample_record(index, task, split, turns, render(scene, IMAGE_SIZE), scene_to_json(scene))
+
+
+def sample_record(index: int, task: str, split: str, turns: list[QA], image: Image.Image, scene_json: str) -> dict:
+    """The sample dict of any reference world: the image opens the first user turn."""
     conversation = []
     for i, (q, a) in enumerate(turns):
         conversation.append({"role": "user", "content": (IMAGE_TOKEN if i == 0 else "") + q})
         conversation.append({"role": "assistant", "content": a})
-    png = png_bytes(render(scene, IMAGE_SIZE))
-    return {
-        "id": f"{split}-{task}-{index:06d}",
-        "task": task,
-        "split": split,
-        "image_png": png,
-        "image_sha256": hashlib.sha256(png).hexdigest(),
-        "conversation": conversation,
-        "answers": [a for _, a in turns],
-        "scene_json": scene_to_json(scene),
-    }
+    png = png_bytes(image)
+    return {"id": f"{split}-{task}-{index:06d}", "task": task, "split": split, "image_png": png,
+            "image_sha256": hashlib.sha256(png).hexdigest(), "conversation": conversation,
+            "answers": [a for _, a in turns], "scene_json": scene_json}
 
 
 def make_split(task: str, n: int, seed: int, split: str) -> list[dict]:

@@ -15,7 +15,6 @@ the region-dependence figure of the build's report.
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 import numpy as np
@@ -29,7 +28,6 @@ from spec_core.reference.questions import CHART, GENERAL, QA, TEXT, ask_one, pic
 from spec_core.reference.scenes import Scene, join_phrases, object_phrase
 
 TASKS = small.TASKS
-IMAGE_TOKEN = small.IMAGE_TOKEN
 _IMAGE_SALT, _QUESTION_SALT = 7001, 7002   # keep hires rngs apart from the small world's
 
 
@@ -149,14 +147,7 @@ def make_sample(index: int, task: str, seed: int, split: str) -> dict:
     qrng = np.random.default_rng([int(seed), small.split_code(split), _QUESTION_SALT, small.TASK_CODES[task], int(index)])
     mosaic = sample_mosaic(image_rng(index, seed, split))
     regions, turns = questions(mosaic, task, qrng)
-    conversation = []
-    for i, (q, a) in enumerate(turns):
-        conversation.append({"role": "user", "content": (IMAGE_TOKEN if i == 0 else "") + q})
-        conversation.append({"role": "assistant", "content": a})
-    png = small.png_bytes(render_mosaic(mosaic))
-    return {"id": f"{split}-{task}-{index:06d}", "task": task, "split": split, "image_png": png,
-            "image_sha256": hashlib.sha256(png).hexdigest(), "conversation": conversation,
-            "answers": [a for _, a in turns], "scene_json": mosaic_to_json(mosaic, regions)}
+    return small.sample_record(index, task, split, turns, render_mosaic(mosaic), mosaic_to_json(mosaic, regions))
 
 
 def make_split(task: str, n: int, seed: int, split: str) -> list[dict]:
