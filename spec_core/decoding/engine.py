@@ -133,7 +133,8 @@ class DecodeEngine:
         speculative = drafter is not None or proposer is not None
         # the policy narrows a feature drafter's EAGLE-2 tree (Medusa's and proposers' trees are their own)
         self.policy = (GoodputPolicy(self.tree_cfg.budget, self.tree_cfg.depth,
-                                     width=self.tree_cfg.width if feature_drafter else None)
+                                     width=self.tree_cfg.width if feature_drafter else None,
+                                     depth_scaled=drafter is not None)
                        if speculative and self.tree_cfg.policy == "goodput" else None)
         self._draft_width = 0  # the width this step's feature-drafter tree expanded
         self.sampling = sampling or SamplingConfig()
@@ -562,24 +563,34 @@ class DecodeEngine:
         return finished
 
     def _observe(self, tree: DraftTree, logits_BMV: torch.Tensor, active: list[bool]) -> None:
-        """Proposers that learn from the target (Token Recycling's `update`) see the root and the
-        real tree nodes with the target's next-token logits at each."""
-        N = tree.tokens_BN.shape[1]
-        if N == 0 and all(hasattr(p, "learn") for p in self.proposers if p is not None):
-            # an AR step (the goodput policy's choice): one top-k for every slot, one row each
-            k = next(p.k for p in self.proposers if p is not None)
-            top_BK = logits_BMV[:, 0].topk(k, dim=-1).indices
-            for b, prop in enumerate(self.proposers):
-                if active[b]:
-                    prop.learn(self.slots[b].tokens[-1], top_BK[b])  # the root: the last token out
+        """Proposers that learn from the target (Token Recycling) see the root and the real tree
+        nodes with the target's top-k next tokens at each: one top-k over the whole step, and one
+        matrix write for all slots where they share the matrix (slot order, the last write of a
+        token winning: what writing slot after slot does)."""
+        learners = [(b, p) for b, p in enumerate(self.proposers) if active[b] and hasattr(p, "learn")]
+        if not learners:
             return
-        real_BN = tree.parent_BN != torch.arange(1, N + 1, device=self.device)  # pads are their own parent
-        for b, prop in enumerate(self.proposers):
-            if not active[b] or not hasattr(prop, "update"):
-                continue
-            keep_M = torch.cat([torch.ones(1, dtype=torch.bool, device=self.device), real_BN[b]])
-            tokens_M = torch.cat([self.root_B[b:b + 1], tree.tokens_BN[b]])
-            prop.update(tokens_M[keep_M], logits_BMV[b, keep_M])
+        N, k = tree.tokens_BN.shape[1], learners[0][1].k
+        shared = all(getattr(p, "adj_VK", None) is getattr(learners[0][1], "adj_VK", 0) for _, p in learners)
+        if N == 0 and shared:  # an AR step: one row per slot, each the slot's last token out
+            last = [self.slots[b].tokens[-1] for b, _ in learners]
+            if len(set(last)) == len(last):  # distinct rows: one write, whatever the order
+                top_BK = logits_BMV[:, 0].topk(k, dim=-1).indices
+                if len(learners) < self.B:
+                    top_BK = top_BK[[b for b, _ in learners]]
+                learners[0][1].adj_VK[torch.tensor(last)] = top_BK.to(learners[0][1].adj_VK.device)
+                return
+        rows_L = torch.tensor([b for b, _ in learners], device=self.device)
+        top_LMK = logits_BMV[rows_L].topk(k, dim=-1).indices
+        tokens_LM = torch.cat([self.root_B[:, None], tree.tokens_BN], 1)[rows_L]
+        keep_LM = torch.ones_like(tokens_LM, dtype=torch.bool)
+        if N:  # pads are their own parent: not verified positions
+            keep_LM[:, 1:] = (tree.parent_BN != torch.arange(1, N + 1, device=self.device))[rows_L]
+        if shared:
+            learners[0][1].learn(tokens_LM[keep_LM], top_LMK[keep_LM])
+            return
+        for i, (_, prop) in enumerate(learners):
+            prop.learn(tokens_LM[i][keep_LM[i]], top_LMK[i][keep_LM[i]])
 
     # --- the loop --------------------------------------------------------------------------------
     def generate(self, requests: Iterable[Request]) -> Iterator[Result]:

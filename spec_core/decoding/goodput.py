@@ -87,6 +87,7 @@ class CostModel(LineFit):
     drafting: seconds per depth as a line in the rows the drafter expands (slots x width)."""
 
     draft_per_depth: float = 0.0   # seconds of one drafting depth (EMA over every width); 0: not measured yet
+    draft_step: float = 0.0        # seconds of a whole draft (EMA over drafting steps); 0: not measured yet
     commit_tree: float = -1.0      # seconds to commit a step that verified nodes (EMA); < 0: not yet
     commit_ar: float = -1.0        # ... and an AR step
     draft_fit: LineFit = field(default_factory=LineFit)  # seconds per depth vs expanded rows
@@ -97,6 +98,7 @@ class CostModel(LineFit):
     def observe_draft(self, depth: int, seconds: float, rows: int = 0, alpha: float = 0.2) -> None:
         """A draft of `depth` depths that expanded `rows` rows per depth (slots x width)."""
         if depth > 0:
+            self.draft_step = seconds if self.draft_step == 0 else (1 - alpha) * self.draft_step + alpha * seconds
             per = seconds / depth
             self.draft_per_depth = per if self.draft_per_depth == 0 else (1 - alpha) * self.draft_per_depth + alpha * per
             if rows > 0:
@@ -193,23 +195,39 @@ class GoodputPolicy:
 
     The first steps explore (the full tree, none, half and a quarter of the budget) so that the
     cost fit sees several token counts at this batch size and context - its calibration on the
-    running hardware; every `reexplore` steps one such step, drafted at full depth, keeps the fit
-    and the value curves current. Where no draft pays (plan says 0), a full-depth probe still runs
-    after a pause that doubles up to `max_pause` steps, or longer where one probe costs more than
+    running hardware; then one such step, drafted at full depth, keeps the fit and the value curves
+    current: `reexplore` steps after the last one, or later where an exploration cost more than
+    `explore_share` of the steps between two of them (a full tree at batch 16 costs several
+    ordinary steps). Where no draft pays (plan says 0), a full-depth probe still runs after a pause
+    that doubles up to `max_pause` steps, or longer where one probe costs more than
     `probe_share` of that many AR steps (a full tree at batch 16 costs several AR steps: probing
-    every 64 steps cost a training-free proposer 10% against AR where its drafts never paid)."""
+    every 64 steps cost a training-free proposer 10% against AR where its drafts never paid).
+
+    `depth_scaled=False` (training-free proposers): a draft costs what it costs whatever the depth
+    planned - a proposer builds its whole tree (Token Recycling's template, a PLD chain) - so the
+    plan is all or nothing: the full depth at the measured seconds of a whole draft, or AR. (Planning
+    a shallow draft at a depth's share of a proposer's cost chose to draft where it did not pay.)"""
 
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1,
-                 probe_share: float = 0.02, width: int | None = None):
+                 probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
+                 explore_share: float = 0.02):
         self.cost, self.acceptance = CostModel(), AcceptanceModel()
+        self.depth_scaled = depth_scaled
         self.budget, self.depth, self.alpha = budget, depth, alpha
         self.width = width                     # None: the draft's width is not the policy's to choose
         self.draft_width = width               # this step's planned width
         self.explore = [budget, 0, max(1, budget // 2), max(1, budget // 4)]
         self.reexplore, self.max_pause, self.probe_share = reexplore, max_pause, probe_share
+        self.explore_share = explore_share
+        self.step_s = 0.0                      # seconds of an ordinary step's draft + verify (EMA)
+        self._next_explore, self._cycle, self._due = reexplore, 1, None  # the next re-exploration
         self.value: list[list[float] | None] = [None] * (depth + 1)  # V_d(N), N = 0..budget (EMA)
         self._V: torch.Tensor | None = None  # the curves as one (depth, budget) tensor, rebuilt when they move
+        n_N = torch.arange(1, budget + 1, dtype=torch.float64)  # the plan's grid: node counts, widths, depths
+        self._grid = (n_N, n_N.clamp(max=width) if width is not None else torch.ones_like(n_N),
+                      torch.arange(1, depth + 1, dtype=torch.float64)[:, None])
         self.steps, self.pause, self.idle = 0, 1, 0
+        self._ar_at: tuple[int, int] | None = None  # where the last plan said AR: (active slots, rows)
         self.chosen: list[int] = []            # node count per step (0: AR)
         self.depths: list[int] = []            # draft depth per step (0: none)
         self.widths: list[int] = []            # planned draft width per drafting step (width planned)
@@ -220,7 +238,7 @@ class GoodputPolicy:
         """This step's exploration index, or None."""
         if self.steps < len(self.explore):
             return self.steps
-        return self.steps // self.reexplore if self.steps % self.reexplore == 0 else None
+        return self._due
 
     def plan(self, n_active: int, rows: int) -> int:
         """The draft depth for this step (0: decode one token, AR)."""
@@ -232,7 +250,11 @@ class GoodputPolicy:
                 k is not None and (self.steps < len(self.explore) or self.idle == 0)):
             d = self.depth
         else:
-            d, n = self._best_plan(n_active, rows)
+            if self._ar_at == (n_active, rows) and self._V is not None:
+                d, n = 0, 0  # AR was best, and what it was weighed on has not moved but the cost fit
+            else:            # (which the next probe's drafts move again)
+                d, n = self._best_plan(n_active, rows)
+                self._ar_at = (n_active, rows) if d == 0 else None
             self.idle = self.idle + 1 if d == 0 else 0
             if d == 0 and self.idle > self.pause:  # probe: do drafts pay again?
                 d, self.idle, self.pause = self.depth, 0, min(2 * self.pause, self.pause_limit(rows))
@@ -253,8 +275,9 @@ class GoodputPolicy:
         probe cost `probe_share` of them."""
         a, b = self.cost.coefficients()
         ar = a + b * rows
-        probe = (self.depth * self.cost.draft_depth_s(rows * (self.width or 1)) + self.cost.commit_extra()
-                 + a + b * rows * (1 + self.budget))
+        draft = (self.depth * self.cost.draft_depth_s(rows * (self.width or 1)) if self.depth_scaled
+                 else self.cost.draft_step)
+        probe = draft + self.cost.commit_extra() + a + b * rows * (1 + self.budget)
         if ar <= 0:
             return self.max_pause
         return max(self.max_pause, math.ceil(probe / (self.probe_share * ar)))
@@ -268,16 +291,18 @@ class GoodputPolicy:
         if self._V is None:  # rows d = 1..depth, columns N = 1..budget; -1: no curve yet
             self._V = torch.tensor([v[1:] if v is not None else [-1.0] * self.budget for v in self.value[1:]],
                                    dtype=torch.float64)
-        n_N = torch.arange(1, self.budget + 1, dtype=torch.float64)
-        w_N = n_N.clamp(max=self.width) if self.width is not None else torch.ones_like(n_N)
-        per_depth_N = self.cost.draft_depth_s(rows * w_N)  # a tensor (the fit) or a float (the mean)
-        d_D1 = torch.arange(1, self.depth + 1, dtype=torch.float64)[:, None]
-        rate_DN = n_active * (1 + self._V) / (d_D1 * per_depth_N + fixed + b * rows * n_N)
-        rate_DN[self._V < 0] = -math.inf
+        n_N, w_N, d_D1 = self._grid
+        if self.depth_scaled:
+            per_depth_N = self.cost.draft_depth_s(rows * w_N)  # a tensor (the fit) or a float (the mean)
+            V_DN, draft_DN = self._V, d_D1 * per_depth_N
+        else:  # the whole draft or none: the deepest curve at a whole draft's seconds
+            V_DN, draft_DN = self._V[-1:], self.cost.draft_step
+        rate_DN = n_active * (1 + V_DN) / (draft_DN + fixed + b * rows * n_N)
+        rate_DN[V_DN < 0] = -math.inf
         k = int(rate_DN.argmax())  # row-major: ties go to the shallower depth, then the fewer nodes
         if not float(rate_DN.view(-1)[k]) > ar_rate:
             return 0, 0
-        return k // self.budget + 1, k % self.budget + 1
+        return (k // self.budget + 1 if self.depth_scaled else self.depth), k % self.budget + 1
 
     def choose(self, tree, active_B: torch.Tensor, rows: int):
         """The tree truncated to the chosen node count (choose_nodes; the draft is already paid)."""
@@ -324,6 +349,7 @@ class GoodputPolicy:
                 path_BD: torch.Tensor, n_B: torch.Tensor, active_B: torch.Tensor, draft_width: int = 0) -> None:
         """A verified step: its costs (`draft_width`: the width the draft expanded per depth, 0
         where the policy does not plan it), and which of its real nodes the walk accepted."""
+        self._schedule(self._exploring() is not None, verify_s + draft_s)
         self.steps += 1
         if draft_depth == 0:
             self.chosen.append(0)
@@ -343,6 +369,19 @@ class GoodputPolicy:
         self.acceptance.observe(None if tree.score_BN is None else tree.score_BN.cpu(), tree.depth_BN.cpu(),
                                 real_BN, accepted_BN)
         self._p_BN = None
+
+    def _schedule(self, explored: bool, seconds: float) -> None:
+        """After a step: the ordinary steps' cost, and when the next re-exploration is due - at
+        least `reexplore` steps after this one, and as many as make its extra cost (over an ordinary
+        step) `explore_share` of the steps between."""
+        if not explored:
+            self.step_s = seconds if self.step_s == 0 else 0.9 * self.step_s + 0.1 * seconds
+        elif self.steps >= len(self.explore):
+            extra = max(seconds - self.step_s, 0.0)
+            gap = math.ceil(extra / (self.explore_share * self.step_s)) if self.step_s > 0 else 0
+            self._next_explore, self._due = self.steps + max(self.reexplore, gap), None
+        if self._due is None and self.steps + 1 >= self._next_explore:
+            self._due, self._cycle = self._cycle % len(self.explore), self._cycle + 1
 
     def stats(self) -> dict:
         """What the reports show: nodes and draft depth per step, the cost fit, the calibration."""

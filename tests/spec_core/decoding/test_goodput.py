@@ -212,3 +212,55 @@ def test_plan_narrows_the_draft_to_the_nodes_it_expects_and_a_narrowed_tree_teac
     pol.choose(tree, torch.tensor([True]), 1)
     assert all(pol.value[dd][3:] == v[3:] for dd, v in before.items())
     assert any(pol.value[dd][1:3] != v[1:3] for dd, v in before.items())
+
+
+def test_a_proposer_drafts_its_whole_tree_or_none_at_its_measured_cost():
+    """A proposer builds its whole tree whatever the depth planned: its plan is the full depth or
+    AR, weighed at what a whole draft measured (not a depth's share of it)."""
+    from spec_core.decoding.tree import DraftTree, ancestor_mask
+
+    parent = torch.tensor([[0, 1, 2]])  # a chain of three, accepted by the depth prior 0.5 ** d
+    chain = DraftTree(torch.zeros(1, 3, dtype=torch.long), parent, torch.tensor([[1, 2, 3]]),
+                      ancestor_mask(parent, 3), None)
+
+    def proposer_policy(draft_s: float) -> GoodputPolicy:
+        pol = GoodputPolicy(budget=3, depth=3, depth_scaled=False)
+        pol.cost = _cost(0.01, 0.0001)
+        for _ in range(len(pol.explore)):
+            pol.plan(1, 1)
+            pol.choose(chain, torch.tensor([True]), 1)
+            pol.cost.observe_draft(3, draft_s)
+            pol.steps += 1
+        return pol
+
+    ar_rate = 1 / 0.0101
+    assert proposer_policy(0.001).plan(1, 1) == 3  # a cheap whole draft pays
+    costly = proposer_policy(0.012)
+    assert costly.cost.draft_step == pytest.approx(0.012)
+    # a depth's share of the draft (0.004 s) would pay at depth 1: (1 + 0.5) / (0.004 + 0.0102 s)
+    assert (1 + costly.value[1][1]) / (0.004 + costly.cost.verify_s(2)) > ar_rate
+    # the whole draft does not, at any node count: (1 + 0.875) / (0.012 + 0.0104 s) at best
+    assert max((1 + costly.value[3][n]) / (0.012 + costly.cost.verify_s(1 + n)) for n in (1, 2, 3)) < ar_rate
+    assert costly.plan(1, 1) == 0
+    assert {proposer_policy(0.008).plan(1, 1) for _ in range(5)} <= {0, 3}
+
+
+@pytest.mark.parametrize("explore_cost, most", [(0.010, 1000 // 32 + 1), (0.100, 1000 // 450 + 1)])
+def test_re_explorations_cost_a_bounded_share_of_the_steps_between(explore_cost, most):
+    """Every `reexplore` steps while an exploration costs what an ordinary step does; where one
+    costs 10x (a full tree at a large batch), far enough apart that they add at most 2%."""
+    pol = _trained_policy(0.01, 0.0001, per_depth=0.0001)
+    from spec_core.decoding.tree import empty_tree
+
+    explored, empty = [], torch.zeros(1, 0, dtype=torch.long)
+    for _ in range(1000):
+        k = pol._exploring()
+        explored.append(k is not None)
+        pol.observe(empty_tree(1, torch.device("cpu")), 1, explore_cost if k is not None else 0.010, 0.0, 0, empty,
+                    torch.zeros(1, dtype=torch.long), torch.tensor([True]))
+    steps = [i for i, e in enumerate(explored) if e]
+    assert 2 <= len(steps) <= most
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    assert min(gaps) >= 32
+    extra = (explore_cost - 0.010) * len(steps)
+    assert extra <= 0.02 * 0.010 * (steps[-1] - steps[0] + max(gaps)) + 1e-9

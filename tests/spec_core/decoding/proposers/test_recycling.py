@@ -95,3 +95,18 @@ def test_matrix_survives_reset_and_is_shareable():
     a.reset([3])
     b.reset([3])
     assert a.propose(4) == b.propose(4) == [[2]]
+
+
+def test_one_write_for_all_slots_equals_writing_slot_after_slot():
+    """The engine writes a step's verified positions of every slot sharing the matrix at once, in
+    slot order: the same matrix as each slot's proposer writing its own rows in turn."""
+    g = torch.Generator().manual_seed(1)
+    V, k = 10, 3
+    for _ in range(30):
+        slots = [(torch.randint(0, V, (int(n),), generator=g), torch.randn(int(n), V, generator=g))
+                 for n in torch.randint(1, 6, (4,), generator=g)]
+        seq, once = TokenRecycling(V, k, template=(1, 0)), TokenRecycling(V, k, template=(1, 0))
+        for tokens, logits in slots:
+            seq.update(tokens, logits)
+        once.learn(torch.cat([t for t, _ in slots]), torch.cat([lg for _, lg in slots]).topk(k, dim=-1).indices)
+        assert torch.equal(seq.adj_VK, once.adj_VK)
