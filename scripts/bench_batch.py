@@ -16,7 +16,8 @@ generated tokens/s of every method under the paper's tree (6x6x40), a CPU tree (
 32 tokens per step) and the goodput policy on each of those two trees' shapes, against AR at that batch size, all
 interleaved per repetition, every other one in reverse order (medians of the ratios and min-time
 ratios printed), with the mean
-nodes per slot per step the policy chose. Outputs are checked identical to AR.
+nodes per slot per step the policy chose, its share of AR steps, its calibration (nodes accepted
+over nodes it predicted accepted) and its cost fit. Outputs are checked identical to AR.
 """
 
 from __future__ import annotations
@@ -160,7 +161,8 @@ def grid(adapter, processor, args) -> None:
             for tname, tree in TREES.items():
                 if "budget" in m and tname != "cpu 3x4x8/32":  # a proposer's own draft size
                     tree = TreeConfig(tree.width, tree.depth, m["budget"], tree.step_tokens, tree.policy)
-                engines[(name, tname)] = DecodeEngine(adapter, m.get("drafter"), batch_size=b, capacity=cap, tree=tree,
+                label = tname.replace("40", str(m["budget"])) if "budget" in m else tname  # the budget run
+                engines[(name, label)] = DecodeEngine(adapter, m.get("drafter"), batch_size=b, capacity=cap, tree=tree,
                                                       eos_token_ids=eos, proposer=m.get("proposer"))
                 if args.eager_drafter and "drafter" in m and tname == "goodput (40)":  # the deferral's worth
                     engines[(name, "goodput eager")] = DecodeEngine(
@@ -187,6 +189,12 @@ def grid(adapter, processor, args) -> None:
             pol = engines[key].policy
             nodes = (f", {sum(pol.chosen) / max(len(pol.chosen), 1):.1f} nodes/step" if pol is not None else "") + (
                 f", width {sum(pol.widths) / len(pol.widths):.1f}" if pol is not None and pol.widths else "")
+            if pol is not None:  # why it chose so: AR share, acceptance calibration, the cost fit
+                st = pol.stats()
+                nodes += (f"\n{'':27s}AR steps {pol.depths.count(0) / max(len(pol.depths), 1):.0%}, accepted / "
+                          f"predicted {st['observed_accepted'] / max(st['predicted_accepted'], 1e-9):.2f}, verify "
+                          f"{st['verify_ms_intercept']:.2f} + {st['verify_ms_per_token']:.3f} ms/token, draft "
+                          f"{st['draft_ms_per_depth']:.2f} ms/depth, commit extra {st['commit_extra_ms']:.2f} ms")
             print(f"  {key[0]:10s} {key[1]:14s} throughput vs AR: median {statistics.median(ratios):.2f}x "
                   f"(min-time {min(ar) / min(t):.2f}x){nodes}")
 

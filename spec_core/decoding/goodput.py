@@ -222,6 +222,7 @@ class GoodputPolicy:
         self.step_s = 0.0                      # seconds of an ordinary step's draft + verify (EMA)
         self._next_explore, self._cycle, self._due = reexplore, 1, None  # the next re-exploration
         self.value: list[list[float] | None] = [None] * (depth + 1)  # V_d(N), N = 0..budget (EMA)
+        self._gain: list[torch.Tensor | None] = [None] * (depth + 1)  # V_d - V_{d-1} (V_0 = 0), EMA
         self._V: torch.Tensor | None = None  # the curves as one (depth, budget) tensor, rebuilt when they move
         n_N = torch.arange(1, budget + 1, dtype=torch.float64)  # the plan's grid: node counts, widths, depths
         self._grid = (n_N, n_N.clamp(max=width) if width is not None else torch.ones_like(n_N),
@@ -327,23 +328,38 @@ class GoodputPolicy:
         order (a prefix of the same order a depth-d tree would have), mean over active slots of
         their cumulative p. Where the budget kept no node deeper than some d' < drafted, the curves
         of d' .. drafted are the same: drafting deeper would have bought nothing. A tree `narrowed`
-        to width w holds the full tree's best N nodes for N <= w only: it updates V_d(0..w)."""
+        to width w holds the full tree's best N nodes for N <= w only: it updates V_d(0..w).
+
+        Kept as V_1 plus the gains of each further depth, V_d - V_{d-1}, each an EMA over the trees
+        drafted at least that deep: a deep draft is rarer (explorations, probes) and comes from other
+        states than the shallow ones, so a deep curve learnt apart from the shallow ones is compared
+        with them on other states (measured: V_4 below V_3, and the plan kept drafts shallower than
+        the fixed tree that beat it); a gain is measured on the same tree as its base, >= 0."""
         if not bool(active_B.any()) or drafted < 1:
             return
         # a proposer's chain may run deeper than the tree config's depth: the deepest curve holds it
         p, dep = p_BN[active_B], depth_BN[active_B].clamp(max=self.depth)
+        prev = torch.zeros(self.budget + 1, dtype=torch.float64)
+        upto = self.budget + 1 if narrowed is None else narrowed + 1
         for d in range(1, min(drafted, self.depth) + 1):
             kept = torch.where(dep <= d, p, torch.zeros_like(p))
             kept = kept.sort(dim=1, descending=True).values  # the best N of depth <= d
-            curve = [0.0] + kept.cumsum(1).mean(0).tolist()
-            curve = (curve + [curve[-1]] * (self.budget + 1))[: self.budget + 1]
-            old, self._V = self.value[d], None
+            curve = torch.cat([kept.new_zeros(1), kept.cumsum(1).mean(0).double()])[: self.budget + 1]
+            if len(curve) < self.budget + 1:  # fewer nodes than the budget: flat past the last
+                curve = torch.cat([curve, curve[-1:].expand(self.budget + 1 - len(curve))])
+            gain, prev = curve - prev, curve
+            old = self._gain[d]
             if old is None:
-                self.value[d] = curve
+                self._gain[d] = gain
             else:
-                upto = len(curve) if narrowed is None else narrowed + 1
-                self.value[d] = [(1 - self.alpha) * o + self.alpha * c if i < upto else o
-                                 for i, (o, c) in enumerate(zip(old, curve))]
+                self._gain[d][:upto] = (1 - self.alpha) * old[:upto] + self.alpha * gain[:upto]
+        total = None
+        for d in range(1, self.depth + 1):
+            if self._gain[d] is None:
+                break
+            total = self._gain[d].clone() if total is None else total + self._gain[d]
+            self.value[d] = total.tolist()
+        self._V = None
 
     def observe(self, tree, rows: int, verify_s: float, draft_s: float, draft_depth: int,
                 path_BD: torch.Tensor, n_B: torch.Tensor, active_B: torch.Tensor, draft_width: int = 0) -> None:

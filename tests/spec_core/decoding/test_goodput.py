@@ -264,3 +264,29 @@ def test_re_explorations_cost_a_bounded_share_of_the_steps_between(explore_cost,
     assert min(gaps) >= 32
     extra = (explore_cost - 0.010) * len(steps)
     assert extra <= 0.02 * 0.010 * (steps[-1] - steps[0] + max(gaps)) + 1e-9
+
+
+def test_a_deeper_curve_is_its_shallower_one_plus_the_gain_measured_on_the_same_trees():
+    """Deep drafts are rarer and come from other states than shallow ones: learnt apart, a deep
+    curve could fall below a shallow one (a depth-2 tree holds every candidate of a depth-1 tree).
+    Each depth's gain is measured on the trees drafted that deep, against their own shallower part."""
+    from spec_core.decoding.tree import DraftTree, ancestor_mask
+
+    def chain(first: float, second: float) -> DraftTree:  # node 1 at depth 1, node 2 its child
+        parent = torch.tensor([[0, 1]])
+        score = torch.log(torch.tensor([[first, second]], dtype=torch.float64))
+        return DraftTree(torch.zeros(1, 2, dtype=torch.long), parent, torch.tensor([[1, 2]]),
+                         ancestor_mask(parent, 2), score)
+
+    pol = GoodputPolicy(budget=2, depth=2)
+    active = torch.tensor([True])
+    for step in range(200):  # shallow drafts in confident states, a rare deep one in a doubtful state
+        deep = step % 10 == 0
+        pol.depths.append(2 if deep else 1)
+        pol.choose(chain(0.35, 0.25) if deep else chain(0.95, 0.9), active, 1)
+    p = pol.acceptance.predict  # the prior: a node is accepted as often as its bucket says
+    v1, v2 = pol.value[1], pol.value[2]
+    assert v2[1] >= v1[1] and v2[2] >= v1[2]
+    gain = float(p(torch.log(torch.tensor([[0.25]], dtype=torch.float64)), torch.tensor([[2]]))[0, 0])
+    assert v2[2] - v1[2] == pytest.approx(gain, rel=1e-6)  # the deep trees' own second node
+    assert v1[1] == pytest.approx(0.95, abs=0.05)  # the confident states' first node, as they are most
