@@ -206,7 +206,7 @@ def test_plan_narrows_the_draft_to_the_nodes_it_expects_and_a_narrowed_tree_teac
     n = pol._best_plan(1, 1)[1]
     assert d == 3 and pol.draft_width == min(6, n) and pol.widths[-1] == pol.draft_width
     before = {dd: list(v) for dd, v in enumerate(pol.value) if v is not None}
-    pol.draft_width = 2  # a tree drafted 2 wide: its 3rd..6th best nodes are not the full tree's
+    pol.draft_width, pol.learn_every = 2, 1  # a tree drafted 2 wide: its 3rd..6th best nodes are not the full tree's
     tree = _confident_tree()
     tree.score_BN = tree.score_BN - 1.0  # less confident than the trees the curves were learnt on
     pol.choose(tree, torch.tensor([True]), 1)
@@ -290,3 +290,34 @@ def test_a_deeper_curve_is_its_shallower_one_plus_the_gain_measured_on_the_same_
     gain = float(p(torch.log(torch.tensor([[0.25]], dtype=torch.float64)), torch.tensor([[2]]))[0, 0])
     assert v2[2] - v1[2] == pytest.approx(gain, rel=1e-6)  # the deep trees' own second node
     assert v1[1] == pytest.approx(0.95, abs=0.05)  # the confident states' first node, as they are most
+
+
+def test_ordinary_steps_teach_one_tree_in_learn_every_explorations_every_one():
+    pol = _trained_policy(0.01, 0.0001, per_depth=0.0001)
+    tree = _confident_tree()
+    tree.score_BN = tree.score_BN - 1.0  # other trees than the curves were learnt on: every lesson moves them
+    moved = []
+    for _ in range(8):
+        before = [list(v) for v in pol.value[1:]]
+        pol.plan(1, 1)
+        pol.choose(tree, torch.tensor([True]), 1)
+        moved.append([list(v) for v in pol.value[1:]] != before)
+        pol.steps += 1
+    assert sum(moved) == 8 // pol.learn_every
+    pol._due = 0  # a re-exploration: it always teaches
+    before = [list(v) for v in pol.value[1:]]
+    pol.choose(tree, torch.tensor([True]), 1)
+    assert [list(v) for v in pol.value[1:]] != before
+
+
+def test_with_a_long_run_rate_a_paid_draft_verifies_every_node_worth_its_time():
+    """Once the draft is paid, N maximises tokens - rate x seconds (brute force); below the step's
+    own ratio (which leaves the paid draft out) that verifies at least as many nodes."""
+    for a, b, lam in itertools.product((0.002, 0.01), (0.0005, 0.002, 0.01), (50.0, 150.0, 400.0)):
+        cm = _cost(a, b)
+        n, _ = choose_nodes(P, ACTIVE, rows=2, cost=cm, rate=lam)
+        brute = [2 + float(P[:, :k].sum()) - lam * (a + b * 2 * (1 + k)) for k in range(7)]
+        assert brute[n] == pytest.approx(max(brute)), (a, b, lam)
+        ratio_n, rates = choose_nodes(P, ACTIVE, rows=2, cost=cm)
+        if lam <= max(rates):
+            assert n >= ratio_n, (a, b, lam)
