@@ -10,7 +10,8 @@ probability (a node is accepted iff its whole path is, and the walk commits acce
 
 Nodes come ordered so that every prefix is ancestor-closed (a feature drafter's / Medusa's tree
 by descending draft score, a proposer's in topological order), so truncating to N is a slice.
-`choose_nodes` picks the N that maximises goodput; N = 0 is a plain AR step. Losslessness is
+`choose_nodes` picks the N that maximises goodput (once the draft is paid, the policy passes the
+planned long-run rate: N maximises tokens - rate x seconds); N = 0 is a plain AR step. Losslessness is
 untouched: any tree is verified by the target's own rule; only the tree's size changes.
 
 - `CostModel`: t_verify(T) = a + b T, a least-squares fit over measured (tokens, seconds) with
@@ -192,7 +193,8 @@ class GoodputPolicy:
     where V_d(N) is the expected accepted drafts per slot of the best N nodes of a depth-d tree,
     learnt from the calibrated acceptance of the nodes of recent trees (a depth-d tree holds the
     candidates of depth <= d of a deeper one: drafting expands depth by depth). After drafting the
-    depth's cost is spent, so `choose` weighs only verification.
+    depth's cost is spent, so `choose` weighs only verification - against the plan's expected rate
+    (tokens - rate x seconds), not the step's own ratio, which leaves the paid draft out.
 
     With `width` (a feature drafter's EAGLE-2 tree: each depth expands the `width` best nodes into
     `width` children each), `plan` also narrows the draft to w = min(width, N) for the N it expects
