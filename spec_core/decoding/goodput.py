@@ -236,13 +236,14 @@ class GoodputPolicy:
         self._next_explore, self._cycle, self._due = reexplore, 1, None  # the next re-exploration
         self.value: list[list[float] | None] = [None] * (depth + 1)  # V_d(N), N = 0..budget (EMA)
         self._gain = torch.zeros(depth + 1, budget + 1, dtype=torch.float64)  # V_d - V_{d-1} (V_0 = 0), EMA
-        self._seen = torch.zeros(depth + 1, dtype=torch.long)  # whether depth d's gain was ever measured
-        self._V: torch.Tensor | None = None  # the curves as one (depth, budget) tensor, rebuilt when they move
+        self._known = 0  # depths 1.._known have a gain (a tree drafted to depth d measures 1..d)
+        self._V: torch.Tensor | None = None  # V_d(N), d = 1..depth, N = 1..budget (-1: no curve yet); None: none
         n_N = torch.arange(1, budget + 1, dtype=torch.float64)  # the plan's grid: node counts, widths, depths
         self._grid = (n_N, n_N.clamp(max=width) if width is not None else torch.ones_like(n_N),
                       torch.arange(1, depth + 1, dtype=torch.float64)[:, None])
         self.steps, self.pause, self.idle = 0, 1, 0
-        self._ar_at: tuple[int, int] | None = None  # where the last plan said AR: (active slots, rows)
+        self._ar_at: tuple[int, int] | None = None  # where the last plan said AR (active slots, rows), until
+                                                      # the value curves move
         self.chosen: list[int] = []            # node count per step (0: AR)
         self.depths: list[int] = []            # draft depth per step (0: none)
         self.widths: list[int] = []            # planned draft width per drafting step (width planned)
@@ -265,7 +266,7 @@ class GoodputPolicy:
                 k is not None and (self.steps < len(self.explore) or self.idle == 0)):
             d = self.depth
         else:
-            if self._ar_at == (n_active, rows) and self._V is not None:
+            if self._ar_at == (n_active, rows):
                 d, n = 0, 0  # AR was best, and what it was weighed on has not moved but the cost fit
             else:            # (which the next probe's drafts move again)
                 d, n = self._best_plan(n_active, rows)
@@ -304,9 +305,6 @@ class GoodputPolicy:
         a, b = self.cost.coefficients()  # t_verify(T) = a + b T, read once for every candidate
         fixed = self.cost.commit_extra() + a + b * rows  # any drafting step, besides its depth and nodes
         ar_rate = n_active / max(a + b * rows, 1e-12)
-        if self._V is None:  # rows d = 1..depth, columns N = 1..budget; -1: no curve yet
-            self._V = torch.tensor([v[1:] if v is not None else [-1.0] * self.budget for v in self.value[1:]],
-                                   dtype=torch.float64)
         n_N, w_N, d_D1 = self._grid
         if self.depth_scaled:
             per_depth_N = self.cost.draft_depth_s(rows * w_N)  # a tensor (the fit) or a float (the mean)
@@ -329,8 +327,8 @@ class GoodputPolicy:
         narrowed = self.draft_width if self.width is not None and self.draft_width < self.width else None
         k = self._exploring()
         self._drafted += 1
-        # learning costs a fifth of a small step's time on a CPU: every explored or probing tree teaches,
-        # and one ordinary tree in learn_every (at a rate with the same memory as one per step)
+        # learning from every tree made the policy ~5% of a batch-2 run on a CPU: every explored or
+        # probing tree teaches, and one ordinary tree in learn_every (with the same memory in steps)
         learn = (k is not None or self._probe or self.value[self.depth] is None
                  or self._drafted % self.learn_every == 0)
         if learn:
@@ -370,17 +368,17 @@ class GoodputPolicy:
         curve_DM = torch.cat([curve_DN.new_zeros(D, 1), curve_DN, flat], 1)
         gain_DM = torch.diff(curve_DM, dim=0, prepend=torch.zeros(1, M, dtype=torch.float64))
         upto = M if narrowed is None else narrowed + 1
-        fresh = self._seen < 1  # depths never drafted before take their first gain whole
-        old_DM = self._gain[1: D + 1]
+        old_DM, K = self._gain[1: D + 1], min(self._known, D)  # depths 1..K had a gain before
         a = 1 - (1 - self.alpha) ** self.learn_every  # one tree in learn_every: the same memory in steps
-        new_DM = torch.where(fresh[1: D + 1, None], gain_DM, (1 - a) * old_DM + a * gain_DM)
-        new_DM[~fresh[1: D + 1], upto:] = old_DM[~fresh[1: D + 1], upto:]
+        new_DM = gain_DM.clone()  # depths never drafted before take their first gain whole
+        new_DM[:K, :upto] = (1 - a) * old_DM[:K, :upto] + a * gain_DM[:K, :upto]
+        new_DM[:K, upto:] = old_DM[:K, upto:]
         self._gain[1: D + 1] = new_DM
-        self._seen[1: D + 1] = 1
-        known = int(self._seen[1:].cumprod(0).sum())  # depths 1..known all have a curve
-        values = self._gain[1: known + 1].cumsum(0).tolist()
-        self.value = [None] + values + [None] * (self.depth - known)
-        self._V = None
+        self._known = max(self._known, D)
+        V_KM = self._gain[1: self._known + 1].cumsum(0)
+        self.value = [None] + V_KM.tolist() + [None] * (self.depth - self._known)
+        self._V = torch.cat([V_KM[:, 1:], V_KM.new_full((self.depth - self._known, self.budget), -1.0)])
+        self._ar_at = None  # the values moved: an AR plan is weighed again
 
     def observe(self, tree, rows: int, verify_s: float, draft_s: float, draft_depth: int,
                 path_BD: torch.Tensor, n_B: torch.Tensor, active_B: torch.Tensor, draft_width: int = 0) -> None:
