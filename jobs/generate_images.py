@@ -70,11 +70,15 @@ class AutoMaxSection(Strict):
 
 class WindowsSection(Strict):
     """Jacobi windows per kind: integers >= 2, and auto (scd.window: L per iteration in
-    [1, auto_max] maximising expected committed tokens per second on the running hardware)."""
+    [1, auto_max] maximising committed tokens per second on the running hardware, per actor:
+    raced on calibration_prompts of its prompts, then locked)."""
 
     image: list[int | Literal["auto"]] = Field([16, 32, 64, "auto"], min_length=1)
     video: list[int | Literal["auto"]] = Field([32, 64, 128, "auto"], min_length=1)
     auto_max: AutoMaxSection = AutoMaxSection()
+    calibration_prompts: int = Field(8, ge=1, description="auto: at most this many batches of prompts "
+                                     "(batch_size each) on which each actor races the windows that could "
+                                     "win, untimed, before locking the fastest (fewer when one is clear)")
 
     @model_validator(mode="after")
     def _sizes(self):
@@ -158,7 +162,7 @@ def main(cfg: GenerateImagesConfig) -> dict:
               for i, s in enumerate(range(0, len(rows), cfg.data.shard_size))]
     plan = ImagePlan(tuple(cfg.methods), {"image": tuple(cfg.windows.image), "video": tuple(cfg.windows.video)},
                      tuple(cfg.seeds), tuple(cfg.ar_extra_seeds), cfg.sampling.model_dump(), cfg.alpha,
-                     cfg.compute.batch_size, cfg.windows.auto_max.model_dump())
+                     cfg.compute.batch_size, cfg.windows.auto_max.model_dump(), cfg.windows.calibration_prompts)
     rec.figure("ray", init_ray(cfg.ray)["mode"])
     local = str(Path(cfg.generator.path).resolve()) if scheme_of(cfg.generator.path) == "file" else cfg.generator.path
     with rec.stage("generate") as st:

@@ -39,6 +39,7 @@ class ImagePlan:
     alpha: float = 1.0
     batch_size: int = 1
     auto_max: dict = field(default_factory=lambda: {"image": 64, "video": 128})  # kind -> largest L of auto
+    calibration_prompts: int = 8              # auto: batches of prompts its windows race on (at most)
 
     def configs(self, kind: str, seed: int) -> list[tuple[str, int | str]]:
         """(method, window) pairs run at this seed; AR has window 1."""
@@ -115,30 +116,29 @@ class ImageWorker:
 
     def _warm_up(self, kind: str, method: str, window: int | str, rows: list[dict]) -> None:
         """First use of a configuration (allocations, kernels, caches) on an untimed sample; under
-        window auto, the chooser's paired calibration (spec_core.scd.window): every window that
-        could win on the same prompts (up to 3 of this shard's) and seed, then the best is locked."""
+        window auto, the chooser's paired calibration (spec_core.scd.window.calibrate): the windows
+        that could win race on the same prompts and seeds (this shard's, batch_size at a time, up
+        to windows.calibration_prompts batches), then the fastest is locked."""
         if (kind, method, window) in self.warm:
             return
         self._run(kind, method, window, rows[:1], 7919, [0])
         if window == "auto" and self.choosers[(kind, method)].locked is None:
+            from spec_core.scd import calibrate
+
             # a fresh chooser: the first run's times are cold (allocations, first calls)
             chooser = self.choosers[(kind, method)] = self._chooser(kind, method)
-            g = self.plan.batch_size * (2 if self._scd(kind, method, window).cfg else 1)
-            tried: list[int] = []
-            for p, row in enumerate(rows[:3]):
-                todo = list(tried)
-                while True:  # the first prompt: whatever could still win; the others: the same windows
-                    if p == 0:
-                        worth = chooser.worth_trying(g)
-                        if not worth:
-                            break
-                        todo = [worth[0]]
-                        tried.append(worth[0])
-                    if not todo:
-                        break
-                    chooser.next_window = todo.pop(0)
-                    self._run(kind, method, window, [row], 7919, [0])
-            chooser.lock(g)
+            size = self.plan.batch_size
+            g = size * (2 if self._scd(kind, method, window).cfg else 1)
+            starts = list(range(0, len(rows), size)) or [0]
+
+            def run(L: int, p: int) -> float:  # batch p (cycling with a new seed past the shard's)
+                batch = rows[starts[p % len(starts)]:][:size]
+                res = self._run(kind, method, window, batch, 7919 + p, list(range(len(batch))))
+                return res.prefill_s + res.loop_s
+
+            L, times = calibrate(chooser, g, run, self.plan.calibration_prompts)
+            raced = ", ".join(f"L {c}: {sum(t) / len(t):.3f} s x {len(t)}" for c, t in sorted(times.items()))
+            print(f"window auto, {kind} {method}: locked L {L} (mean seconds per calibration batch: {raced})")
         self.warm.add((kind, method, window))
 
     def _media(self, kind: str, tokens_BN) -> list[tuple[bytes, object]]:

@@ -16,14 +16,16 @@ from p without x). Structural positions (end-of-line, end-of-image) are one-hot 
 Every random draw is keyed on (seed, sample key, absolute position, iteration, stream), so a
 sample's output does not depend on its batch (see noise.py).
 
-Window "auto" (scd.window): the state keeps J = max_window - 1 draft slots and each iteration
-forwards only the first L_t - 1 of them, L_t chosen per request for committed tokens per second. A draft outside
-the forward stays as it is, with the q it was drawn from (still a draft from q, so verifying it later
-is as exact as now); the one right after the forward's drafts is verified by the forward's last row,
-which predicts its position. Re-drafting takes the forward's rows where they reach, the kept drafts
-after them, fresh ids beyond. The schedule of L_t depends on measured time and on the batch, so under
-"auto" a sample is still distributed exactly as the model's own sampling but is no longer the same
-draw alone and batched.
+Window "auto" (scd.window): the chooser's `begin` gives the request's window L (chosen for committed
+tokens per second) and the request runs as a fixed window L does, J = L - 1 draft slots (draft slots
+past the forward would cost every iteration's re-draft and never be verified). An iteration may
+forward fewer slots S_t <= L (the rows still useful near the end, under any window; or the chooser's
+`choose`, a scripted schedule in tests): a draft outside the forward stays as it is, with the q it was drawn from (still
+a draft from q, so verifying it later is as exact as now); the one right after the forward's drafts
+is verified by the forward's last row, which predicts its position. Re-drafting takes the forward's
+rows where they reach, the kept drafts after them, fresh ids beyond. The window depends on measured
+time and on the batch, so under "auto" a sample is still distributed exactly as the model's own
+sampling but is no longer the same draw alone and batched.
 
 Distributions live on the pool: the allowed ids plus the forced ones (all of V when nothing is
 masked). The LM head is evaluated on those rows only and every per-id tensor is P wide, which for
@@ -31,7 +33,7 @@ a large text+image vocabulary (Emu3, Chameleon) is a fraction of V. Tokens are p
 the loop and real ids outside it.
 
 Shapes: B samples, G rows (2B with CFG: conditional then unconditional), T prompt, S window slots
-of this forward (L, or L_t under "auto"), J = L - 1 draft slots (max_window - 1 under "auto"),
+of this forward (L, or S_t <= L under "auto"), J = L - 1 draft slots (L: the request's under "auto"),
 W = S - 1 drafts in this forward, P pool ids, N new tokens, K keys read.
 """
 
@@ -96,8 +98,9 @@ class JacobiDecoder:
     """Decode a batch of prompts into `layout.length` new tokens each with SJD / SCD.
 
     Under window "auto" the decoder owns a WindowChooser (or uses `chooser`, anything with its
-    begin / choose / observe) that lives as long as the decoder: reuse one decoder (or chooser)
-    across requests to keep its cost fit and acceptance counts."""
+    begin / choose / observe; `choose` never above what `begin` gave) that lives as long as the
+    decoder: reuse one decoder (or chooser) across requests to keep its cost fit and acceptance
+    counts."""
 
     def __init__(self, lm: VisualLM, layout: ImageLayout, cfg: ScdConfig, chooser: WindowChooser | None = None):
         self.lm, self.layout, self.cfg = lm, layout, cfg
@@ -221,6 +224,9 @@ class JacobiDecoder:
             raise ValueError("every prompt needs at least one token")
         self.device = dev = self.lm.device
         self.seed = seed
+        if self.chooser is not None:  # one window for this batch's requests (window.py: why)
+            self.L = self.chooser.begin(len(prompts) * (2 if cfg.cfg else 1))
+            self.J = J = self.L - 1
         self.keys_B = torch.tensor(sample_keys if sample_keys is not None else range(B), device=dev)
         rows = prompts + (uncond_prompts if cfg.cfg else [])
         T_G = torch.tensor([len(r) for r in rows], device=dev)
@@ -250,8 +256,6 @@ class JacobiDecoder:
                                                 (st.q_BJP, st.g_BJP, st.tokens_BN) if t is not None)
         prefill_s = time.perf_counter() - t0
         it, windows = 0, []
-        if self.chooser is not None:  # one window for this batch's requests (window.py: why)
-            self.chooser.begin(len(st.len_G))
         while True:
             done = (st.n_B >= N).nonzero().squeeze(-1)
             if len(done):  # retire finished samples (all at once: batches of thousands)
@@ -267,8 +271,11 @@ class JacobiDecoder:
                 ent_sum_B, ent_cnt_B = ent_sum_B[keep], ent_cnt_B[keep]
             it += 1
             nfe_B[st.idx_B.cpu()] += 1
-            if self.chooser is None:
-                S = self.L
+            if self.chooser is None:  # rows past every sample's last position would be scratch
+                S = min(self.L, int(N - st.n_B.min()))
+                k_B, ent_B, cnt_B, _ = self._iterate(it, S)
+            elif getattr(self.chooser, "locked", None) is not None:  # nothing to time: as fixed
+                S = self.chooser.choose(len(st.len_G), cap=int(N - st.n_B.min()))
                 k_B, ent_B, cnt_B, _ = self._iterate(it, S)
             else:  # timed: the whole iteration (forward, verification, re-draft) at this window
                 left_B = (N - st.n_B).cpu()

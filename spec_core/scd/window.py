@@ -39,10 +39,12 @@ before two windows have been timed the slope of t is unknown and every candidate
 Requests differ far more than windows do (on the small generator one image commits 6 tokens per
 iteration at L = 64 and another 3.7), so windows compared on different requests are compared on
 their requests' luck, and a chooser that keeps updating the estimate of the window it runs while
-the others stay frozen chases that luck. A worker therefore calibrates paired: at actor start,
-untimed, it runs every candidate that could win on the same few prompts with the same seed
-(`next_window = L` before each), then `lock`s the best for its timed requests (as the goodput engine
-calibrates its cost model at start); a chooser never locked keeps exploring and re-exploring.
+the others stay frozen chases that luck. A worker therefore calibrates paired (`calibrate`): at
+actor start, untimed, the candidates that could win race on the same prompts and seeds
+(`next_window = L` before each), leaving the race as the per-prompt time ratios tell them apart
+(Student's t: a close pair needs more prompts than a clear one), and the fastest is `lock`ed for
+its timed requests (as the goodput engine calibrates its cost model at start); a chooser never
+locked keeps exploring and re-exploring. A locked request runs exactly as the fixed window does.
 
 Losslessness does not depend on the choice: the decoder keeps J = max_window - 1 drafts with the
 distributions they were drawn from, and a window only decides which of them are verified now.
@@ -152,10 +154,12 @@ class WindowChooser:
         """Whether some candidate still deserves its first request."""
         return bool(self.worth_trying(rows))
 
-    def lock(self, rows: int) -> int:
-        """From now on every request runs at the best window for `rows` rows (after a paired
-        calibration: see the module docstring)."""
-        self.locked = self.best(rows)
+    def lock(self, rows: int, window: int | None = None) -> int:
+        """From now on every request runs at `window` (default: the best for `rows` rows), after
+        a paired calibration (`calibrate`)."""
+        if window is not None and window not in self.candidates:
+            raise ValueError(f"window {window} is not a candidate {self.candidates}")
+        self.locked = self.best(rows) if window is None else window
         return self.locked
 
     def begin(self, rows: int) -> int:
@@ -193,7 +197,11 @@ class WindowChooser:
     def observe(self, L: int, rows: int, seconds: float, leading_B: torch.Tensor,
                 left_B: torch.Tensor | None = None) -> None:
         """An iteration of window L took `seconds`; sample b accepted its first leading_B[b] drafts
-        and so committed min(leading + 1, left_B[b]) tokens (left: tokens it still needed)."""
+        and so committed min(leading + 1, left_B[b]) tokens (left: tokens it still needed).
+        Locked, there is nothing left to learn: nothing is recorded (a locked request costs what
+        the fixed window does)."""
+        if self.locked is not None:
+            return
         self.cost.observe(rows * L, seconds)
         if L != self.current:  # a capped iteration at the end of a request says little about L
             return
@@ -212,3 +220,58 @@ class WindowChooser:
                 "mean_window": sum(self.chosen) / len(self.chosen) if self.chosen else None,
                 "ms_intercept": 1e3 * a, "ms_per_token": 1e3 * b,
                 "commits_per_iteration": {c: round(e, 2) for c, e in self.expected_commits().items()}}
+
+
+# Student's t, two-sided 95%, by degrees of freedom (the per-prompt ratios are few: with 3 of them
+# a normal quantile would call a difference of 2 noisy prompts out of 3 clear)
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
+        12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
+
+
+def t95(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with df degrees of freedom (the next smaller
+    tabulated df: conservative), 1.96 past 30."""
+    return 1.96 if df > 30 else _T95[max(d for d in _T95 if d <= max(df, 1))]
+
+
+def calibrate(chooser: WindowChooser, rows: int, run, prompts: int, margin: float = 0.02,
+              first_cut: int = 3) -> tuple[int, dict[int, list[float]]]:
+    """Paired calibration of a worker's chooser, then `lock`: `run(L, p)` decodes calibration
+    prompt p (its own prompt and seed, the same for every L) at window L and returns its seconds.
+
+    Prompt 0 runs every candidate that could still win (largest first, pruned by the commit bound
+    as the chooser learns). Then the survivors race on prompts 1, 2, ...: from `first_cut` prompts
+    on, a window leaves the race when the mean of its per-prompt log time ratio to the fastest
+    total, m +- t se (Student's t at 95%), says it is slower (m - t se > 0) or at most `margin`
+    slower (m + t se < margin: the same to within what the choice could cost); the race ends with
+    one window left or
+    after `prompts` prompts, and the fastest total is locked. Requests differ more than windows do
+    (one prompt needs 40% more forwards at the same window), so only the same prompts compare two
+    windows, and a close pair needs more of them than a clear one. Returns the window and the
+    seconds per prompt of each window raced."""
+    times: dict[int, list[float]] = {}
+    while True:  # prompt 0: whatever could still win, the chooser learning as it goes
+        worth = chooser.worth_trying(rows)
+        if not worth or worth[0] in times:
+            break
+        chooser.next_window = worth[0]
+        times[worth[0]] = [run(worth[0], 0)]
+    if not times:  # nothing left to try (a chooser that already knows): its best
+        return chooser.lock(rows), times
+    alive = sorted(times, reverse=True)
+    for p in range(1, prompts):
+        if len(alive) == 1:
+            break
+        for L in alive:
+            chooser.next_window = L
+            times[L].append(run(L, p))
+        if p + 1 < first_cut:
+            continue
+        fast = min(alive, key=lambda L: sum(times[L]))
+        for L in [c for c in alive if c != fast]:
+            r = torch.tensor(times[L]).log() - torch.tensor(times[fast]).log()
+            m, half = float(r.mean()), t95(len(r) - 1) * float(r.std() / len(r) ** 0.5)
+            if m - half > 0 or m + half < margin:
+                alive.remove(L)
+    best = min(alive, key=lambda L: sum(times[L]))
+    return chooser.lock(rows, best), times

@@ -44,6 +44,10 @@ class Scripted(WindowChooser):
         super().__init__(max_window)
         self.script = script
 
+    def begin(self, rows: int) -> int:
+        super().begin(rows)
+        return self.max_window  # the request's draft slots: every scripted window fits
+
     def choose(self, rows: int, cap: int | None = None) -> int:
         L = min(self.script[len(self.chosen) % len(self.script)], cap or self.max_window)
         self.chosen.append(L)
@@ -151,7 +155,10 @@ def test_nfe_and_commit_bookkeeping(model):
         c = out.result.committed[b]
         assert sum(c) == 30 and len(c) == int(out.nfe_per_sample[b])
         assert all(1 <= k <= 8 for k in c[1:])
-        assert out.result.mean_window(b) == 8.0
+    # the window, or the tokens the furthest-behind sample still needs (rows past it are scratch)
+    n = [[sum(c[:t + 1]) for t in range(len(c))] for c in out.result.committed]
+    behind = [min(n_b[t] for n_b in n if t < len(n_b) - 1) for t in range(len(out.result.windows))]
+    assert out.result.windows == [min(8, 30 - m) for m in behind] and out.result.windows[0] == 8
     out = generate(model, torch.tensor([PROMPT] * 3), 30, window="auto", max_window=8, coupling="mc")
     windows = out.result.windows
     assert windows[:3] == [8, 8, 8] and all(1 <= w <= 8 for w in windows)  # exploration: largest first
@@ -185,3 +192,19 @@ def test_config_mistakes_fail_first(model):
         generate(model, ids, 4, window=4, coupling="mc", cfg_scale=2.0)
     with pytest.raises(TypeError, match="unknown options"):
         generate(model, ids, 4, window=4, coupling="mc", guidance=2.0)
+
+
+def test_auto_runs_the_chosen_window_as_the_fixed_window_does():
+    """A request under "auto" at window L is the fixed-L decoder (L - 1 draft slots, not
+    max_window - 1): the same draws, tokens and commits as window L, for every coupling."""
+    model = tiny_lm(vocab=8, seed=3, sharpen=1.5)
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    for coupling in ("none", "mc", "gs"):
+        fixed = generate(model, ids, 21, window=4, coupling=coupling, seed=5)
+        chooser = WindowChooser(16)
+        chooser.locked = 4
+        auto = generate(model, ids, 21, window="auto", max_window=16, coupling=coupling, seed=5,
+                        window_chooser=chooser)
+        assert torch.equal(auto.sequences, fixed.sequences), coupling
+        assert auto.result.committed == fixed.result.committed
+        assert set(auto.result.windows) <= {1, 2, 3, 4} and 4 in auto.result.windows

@@ -2,12 +2,13 @@
 every candidate that could win explored first (largest first), then the largest window where a
 forward's length is free, AR where each token is dear and drafts are rarely accepted, the optimum
 of E[k | L] / t(L) in between; neighbours re-explored; candidates skipped by the bound read from
-the histogram of commits; capped iterations at a request's end not counted."""
+the histogram of commits; capped iterations at a request's end not counted; the paired
+calibration races the windows that could win on the same prompts and locks the fastest."""
 
 import pytest
 import torch
 
-from spec_core.scd.window import WindowChooser
+from spec_core.scd.window import WindowChooser, calibrate
 
 
 def _run(ch: WindowChooser, requests: int, a: float, b: float, commits, rows: int = 2, per: int = 2) -> list[int]:
@@ -150,3 +151,74 @@ def test_a_few_stalled_iterations_do_not_decide_the_window():
     mean16 = sum(sec for sec, _ in ch.timed[16]) / len(ch.timed[16])
     assert commits[16] / mean16 < commits[8] / cost[8]  # a mean would pick 8
     assert ch.iteration_s(16, rows) == pytest.approx(0.016, rel=0.05) and ch.best(rows) == 16
+
+
+def _decoder(ch: WindowChooser, rows: int, seconds, calls: list):
+    """run(L, p) of a worker: a request at the chooser's window (calibrate sets next_window) whose
+    iterations cost COST[L] and commit COMMITS[L] (what the chooser learns from); the request's
+    seconds are seconds(L, p)."""
+    def run(L: int, p: int) -> float:
+        assert ch.begin(rows) == L
+        for _ in range(3):
+            ch.observe(ch.choose(rows), rows, COST[L], torch.full((rows,), COMMITS[L] - 1))
+        calls.append((L, p))
+        return seconds(L, p)
+    return run
+
+
+COST = {64: 0.040, 32: 0.020, 16: 0.012, 8: 0.010, 4: 0.009, 2: 0.009, 1: 0.009}
+COMMITS = {64: 7, 32: 6, 16: 4, 8: 3, 4: 2, 2: 2, 1: 1}
+
+
+def test_calibrate_races_on_the_same_prompts_and_locks_the_fastest():
+    """Prompts differ by up to 2x and one window is 10% faster on every one: paired, three prompts
+    say so; prompt 0 runs whatever could win, largest first."""
+    ch, calls = WindowChooser(64, reexplore=1000), []
+    prompt = [1.0, 2.0, 0.7, 1.5, 1.2, 0.9, 1.1, 1.3]
+    ratio = {32: 1.0, 16: 1.1, 64: 1.3}
+    L, times = calibrate(ch, 2, _decoder(ch, 2, lambda L, p: prompt[p] * ratio.get(L, 2.0), calls), prompts=8)
+    assert L == 32 and ch.locked == 32 and ch.begin(2) == 32
+    assert max(p for _, p in calls) == 2  # decided after 3 prompts
+    assert [c for c, p in calls if p == 0][:3] == [64, 32, 16]  # prompt 0: whatever could win
+    assert len(times[32]) == 3
+
+
+@pytest.mark.parametrize("gap, scale, stop", [(0.97, 1.0, None), (0.999, 0.0, 2)])
+def test_calibrate_needs_more_prompts_for_a_close_pair_and_stops_when_equal(gap, scale, stop):
+    """16 is 3% faster than 32 with 4% noise per prompt (the ratio is not clear after 3 prompts:
+    the race goes on, and 16 wins on the total); two windows within 0.1% on every prompt are the
+    same choice, so the race stops at the first cut."""
+    noise = [0.04, -0.03, -0.02, 0.05, -0.04, 0.01, 0.02, -0.03, 0.0, 0.03]
+    ratio = {32: 1.0, 16: gap}
+    ch, calls = WindowChooser(64, reexplore=1000), []
+
+    def seconds(L, p):
+        return (1 + 0.5 * (p % 3)) * ratio.get(L, 3.0) * (1 + (scale * noise[p] if L == 16 else 0))
+    L, _ = calibrate(ch, 2, _decoder(ch, 2, seconds, calls), prompts=10)
+    if stop is None:
+        assert L == 16 and max(p for _, p in calls) > 2
+    else:
+        assert max(p for _, p in calls) == stop
+
+
+def test_calibrate_unpaired_luck_would_pick_the_slower_window():
+    """The oracle of pairing: the fastest window run on the slowest prompts. Compared over
+    different prompts (16 on prompts 0-3, 32 on 4-7) 32 would look faster; on the same prompts 16
+    wins."""
+    prompt = [2.0, 2.1, 1.9, 2.2, 1.0, 1.1, 0.9, 1.0]
+    ratio = {16: 0.9, 32: 1.0}
+    unpaired = {16: sum(prompt[:4]) * 0.9, 32: sum(prompt[4:]) * 1.0}
+    assert min(unpaired, key=unpaired.get) == 32
+    ch, calls = WindowChooser(64, reexplore=1000), []
+    L, _ = calibrate(ch, 2, _decoder(ch, 2, lambda L, p: prompt[p] * ratio.get(L, 3.0), calls), prompts=8)
+    assert L == 16
+
+
+def test_a_locked_chooser_records_nothing():
+    ch = WindowChooser(16)
+    ch.lock(2, 8)
+    assert ch.begin(2) == 8 and ch.choose(2, cap=5) == 5
+    ch.observe(5, 2, 0.01, torch.tensor([3, 4]))
+    assert ch.expected_commits() == {} and not ch.cost.ready
+    with pytest.raises(ValueError, match="candidate"):
+        ch.lock(2, 12)
