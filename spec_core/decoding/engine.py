@@ -573,13 +573,10 @@ class DecodeEngine:
         N, k = tree.tokens_BN.shape[1], learners[0][1].k
         shared = all(getattr(p, "adj_VK", None) is getattr(learners[0][1], "adj_VK", 0) for _, p in learners)
         if N == 0 and shared:  # an AR step: one row per slot, each the slot's last token out
-            last = [self.slots[b].tokens[-1] for b, _ in learners]
-            if len(set(last)) == len(last):  # distinct rows: one write, whatever the order
-                top_BK = logits_BMV[:, 0].topk(k, dim=-1).indices
-                if len(learners) < self.B:
-                    top_BK = top_BK[[b for b, _ in learners]]
-                learners[0][1].adj_VK[torch.tensor(last)] = top_BK.to(learners[0][1].adj_VK.device)
-                return
+            top_BK = logits_BMV[:, 0].topk(k, dim=-1).indices
+            learners[0][1].learn_rows([self.slots[b].tokens[-1] for b, _ in learners],
+                                      top_BK if len(learners) == self.B else top_BK[[b for b, _ in learners]])
+            return
         rows_L = torch.tensor([b for b, _ in learners], device=self.device)
         top_LMK = logits_BMV[rows_L].topk(k, dim=-1).indices
         tokens_LM = torch.cat([self.root_B[:, None], tree.tokens_BN], 1)[rows_L]

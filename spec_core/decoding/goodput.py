@@ -125,14 +125,26 @@ class CostModel(LineFit):
 
 
 class AcceptanceModel:
-    """P(a draft node is accepted), calibrated by what verification accepts."""
+    """P(a draft node is accepted), calibrated by what verification accepts.
 
-    def __init__(self, max_depth: int = 64):
+    With `max_nodes` (training-free proposers, whose nodes carry no score), also per node index:
+    a proposer's nodes come in its own order (Token Recycling's template, best candidates first;
+    a chain's depth), and a node's place in it says more than its depth (a template's first child
+    of a level is accepted several times as often as its eighth: the mean of a depth undervalues
+    the first nodes, and the plan found an 8-node tree not worth drafting that beat AR by 8%). An
+    index's estimate starts from its depth's and is pulled to its own counts as they grow."""
+
+    def __init__(self, max_depth: int = 64, max_nodes: int = 0):
         # per key: accepted and seen counts, starting from a prior of _PRIOR_WEIGHT pseudo-observations
         self.conf_acc = _PRIOR_WEIGHT * (torch.arange(_BUCKETS, dtype=torch.float64) + 0.5) / _BUCKETS
         self.conf_seen = torch.full((_BUCKETS,), _PRIOR_WEIGHT, dtype=torch.float64)
         self.depth_acc = _PRIOR_WEIGHT * 0.5 ** torch.arange(max_depth + 1, dtype=torch.float64)
         self.depth_seen = torch.full((max_depth + 1,), _PRIOR_WEIGHT, dtype=torch.float64)
+        self.node_acc = torch.zeros(max_nodes, dtype=torch.float64)  # per node index (no prior: the depth's)
+        self.node_seen = torch.zeros(max_nodes, dtype=torch.float64)
+
+    def _index(self, shape: torch.Size) -> torch.Tensor:
+        return torch.arange(shape[1]).clamp(max=len(self.node_seen) - 1).expand(shape)
 
     def _keys(self, score_BN: torch.Tensor | None, depth_BN: torch.Tensor) -> torch.Tensor:
         if score_BN is not None:
@@ -144,6 +156,9 @@ class AcceptanceModel:
         (a prefix never values a node above one before it)."""
         acc, seen = (self.conf_acc, self.conf_seen) if score_BN is not None else (self.depth_acc, self.depth_seen)
         p_BN = (acc / seen)[self._keys(score_BN, depth_BN).cpu()]
+        if score_BN is None and len(self.node_seen) and p_BN.numel():  # by index, from the depth's
+            i_BN = self._index(p_BN.shape)
+            return (self.node_acc[i_BN] + _PRIOR_WEIGHT * p_BN) / (self.node_seen[i_BN] + _PRIOR_WEIGHT)
         return torch.cummin(p_BN, dim=1).values if p_BN.numel() else p_BN
 
     def observe(self, score_BN: torch.Tensor | None, depth_BN: torch.Tensor, real_BN: torch.Tensor,
@@ -151,8 +166,13 @@ class AcceptanceModel:
         """Count every real (not padded) verified node and whether the walk accepted it."""
         acc, seen = (self.conf_acc, self.conf_seen) if score_BN is not None else (self.depth_acc, self.depth_seen)
         keys = self._keys(score_BN, depth_BN)[real_BN]
+        hit = accepted_BN[real_BN].double()
         seen += torch.bincount(keys, minlength=len(seen)).double()
-        acc += torch.bincount(keys, weights=accepted_BN[real_BN].double(), minlength=len(acc))
+        acc += torch.bincount(keys, weights=hit, minlength=len(acc))
+        if score_BN is None and len(self.node_seen) and real_BN.numel():
+            i = self._index(real_BN.shape)[real_BN]
+            self.node_seen += torch.bincount(i, minlength=len(self.node_seen)).double()
+            self.node_acc += torch.bincount(i, weights=hit, minlength=len(self.node_acc))
 
 
 def choose_nodes(p_BN: torch.Tensor, active_B: torch.Tensor, rows: int, cost: CostModel, draft_s: float = 0.0,
@@ -216,13 +236,14 @@ class GoodputPolicy:
 
     `depth_scaled=False` (training-free proposers): a draft costs what it costs whatever the depth
     planned - a proposer builds its whole tree (Token Recycling's template, a PLD chain) - so the
-    plan is all or nothing: the full depth at the measured seconds of a whole draft, or AR. (Planning
+    plan is all or nothing: the full depth at the measured seconds of a whole draft, or AR; its
+    acceptance is learnt per node index (AcceptanceModel) from every drafted step. (Planning
     a shallow draft at a depth's share of a proposer's cost chose to draft where it did not pay.)"""
 
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
                  explore_share: float = 0.02, learn_every: int = 4):
-        self.cost, self.acceptance = CostModel(), AcceptanceModel()
+        self.cost, self.acceptance = CostModel(), AcceptanceModel(max_nodes=0 if depth_scaled else budget)
         self.depth_scaled = depth_scaled
         self.budget, self.depth, self.alpha = budget, depth, alpha
         self.width = width                     # None: the draft's width is not the policy's to choose
@@ -362,7 +383,10 @@ class GoodputPolicy:
         p_AN, dep_AN = p_BN[active_B].double(), depth_BN[active_B].clamp(max=self.depth)
         D, M = min(drafted, self.depth), self.budget + 1
         d_D11 = torch.arange(1, D + 1)[:, None, None]
-        kept_DAN = torch.where(dep_AN[None] <= d_D11, p_AN[None], 0.0).sort(dim=2, descending=True).values
+        kept_DAN = torch.where(dep_AN[None] <= d_D11, p_AN[None], 0.0)
+        if self.depth_scaled:  # a drafter's nodes by score: a shallower tree holds the best of them
+            kept_DAN = kept_DAN.sort(dim=2, descending=True).values
+        # (a proposer's whole tree is drafted and truncated in its own order: the curve is that order's)
         curve_DN = kept_DAN.cumsum(2).mean(1)[:, : M - 1]  # the best N of depth <= d, N = 1..
         flat = curve_DN[:, -1:].expand(D, M - 1 - curve_DN.shape[1])  # fewer nodes than the budget: flat past them
         curve_DM = torch.cat([curve_DN.new_zeros(D, 1), curve_DN, flat], 1)
@@ -390,7 +414,9 @@ class GoodputPolicy:
             self.chosen.append(0)
         self.cost.observe(rows * (1 + tree.size), verify_s)
         self.cost.observe_draft(draft_depth, draft_s, rows * draft_width)
-        if tree.size == 0 or self._p_BN is None:
+        # a proposer's acceptance per node index rests on few nodes: it counts every drafted step
+        # (a drafter's, keyed by confidence, one in learn_every as its values)
+        if tree.size == 0 or (self._p_BN is None and self.depth_scaled):
             return
         # node i (1-based) of row b is accepted iff it is among the first n[b] entries of its path
         path, n = path_BD.cpu(), n_B.cpu()
@@ -399,8 +425,9 @@ class GoodputPolicy:
         accepted_BN.scatter_(1, torch.where(on_path_BD, path, 0), on_path_BD)
         accepted_BN = accepted_BN[:, 1:]
         real_BN = tree.real_BN.cpu() & active_B.cpu()[:, None]
-        self.predicted += float(self._p_BN[real_BN].sum())
-        self.accepted += float(accepted_BN[real_BN].sum())
+        if self._p_BN is not None:
+            self.predicted += float(self._p_BN[real_BN].sum())
+            self.accepted += float(accepted_BN[real_BN].sum())
         self.acceptance.observe(None if tree.score_BN is None else tree.score_BN.cpu(), tree.depth_BN.cpu(),
                                 real_BN, accepted_BN)
         self._p_BN = None

@@ -108,6 +108,13 @@ class TokenRecycling:
         last_U = torch.full_like(uniq_U, -1).scatter_reduce(0, inv_T, pos_T, reduce="amax")  # last position of each token
         self.adj_VK[uniq_U.to(self.adj_VK.device)] = top_TK[last_U].to(self.adj_VK.device)
 
+    def learn_rows(self, tokens: list[int], top_TK: torch.Tensor) -> None:
+        """`learn` for host token ids (an AR step: each slot's last token): the repeats resolved
+        on the host (the last wins), one row write."""
+        last = {t: i for i, t in enumerate(tokens)}
+        rows = top_TK if len(last) == len(tokens) else top_TK[list(last.values())]
+        self.adj_VK[torch.tensor(list(last), device=self.adj_VK.device)] = rows.to(self.adj_VK.device)
+
     @torch.no_grad()
     def expand(self, root: int, budget: int) -> list[int]:
         """Tokens of the template's first `budget` nodes below `root`, level by level (BFS);

@@ -321,3 +321,23 @@ def test_with_a_long_run_rate_a_paid_draft_verifies_every_node_worth_its_time():
         ratio_n, rates = choose_nodes(P, ACTIVE, rows=2, cost=cm)
         if lam <= max(rates):
             assert n >= ratio_n, (a, b, lam)
+
+
+def test_proposer_acceptance_is_learnt_per_node_index():
+    """A template's nodes of one depth differ: index 0 accepted 60% of the time, indices 1-3
+    (its depth-1 siblings) 10%. Per index the model learns both (the depth's mean, 0.225, would
+    undervalue the first node and overvalue the others); without `max_nodes` it keeps the depth's."""
+    g = torch.Generator().manual_seed(0)
+    rate_N = torch.tensor([0.6, 0.1, 0.1, 0.1])
+    depth_BN = torch.ones(400, 4, dtype=torch.long)
+    accepted_BN = torch.rand(400, 4, generator=g) < rate_N
+    real_BN = torch.ones(400, 4, dtype=torch.bool)
+    by_index, by_depth = AcceptanceModel(max_nodes=8), AcceptanceModel()
+    for m in (by_index, by_depth):
+        m.observe(None, depth_BN, real_BN, accepted_BN)
+    p_index = by_index.predict(None, depth_BN[:1])[0]
+    p_depth = by_depth.predict(None, depth_BN[:1])[0]
+    assert torch.allclose(p_index, rate_N.double(), atol=0.06)
+    assert torch.allclose(p_depth, torch.full((4,), 0.225, dtype=torch.float64), atol=0.04)
+    assert GoodputPolicy(8, 3, depth_scaled=False).acceptance.node_seen.numel() == 8
+    assert GoodputPolicy(8, 3).acceptance.node_seen.numel() == 0

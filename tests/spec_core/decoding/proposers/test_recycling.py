@@ -110,3 +110,17 @@ def test_one_write_for_all_slots_equals_writing_slot_after_slot():
             seq.update(tokens, logits)
         once.learn(torch.cat([t for t, _ in slots]), torch.cat([lg for _, lg in slots]).topk(k, dim=-1).indices)
         assert torch.equal(seq.adj_VK, once.adj_VK)
+
+
+def test_learn_rows_resolves_repeats_as_the_tensor_path():
+    """An AR step's rows (host ids, repeats among them): the last of a repeated token wins, as
+    `learn` on the same tokens as a tensor."""
+    g = torch.Generator().manual_seed(2)
+    V, k = 12, 3
+    for _ in range(30):
+        tokens = torch.randint(0, 5, (8,), generator=g)  # few ids: repeats
+        top_TK = torch.randn(8, V, generator=g).topk(k, dim=-1).indices
+        a, b = TokenRecycling(V, k, template=(1, 0)), TokenRecycling(V, k, template=(1, 0))
+        a.learn(tokens, top_TK)
+        b.learn_rows(tokens.tolist(), top_TK)
+        assert torch.equal(a.adj_VK, b.adj_VK)
