@@ -49,8 +49,7 @@ def build_target(preset: str, out_dir: str, seed: int = 0, samples: list[dict] |
     metrics: dict = {"target_params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
                      "target_train_samples": len(samples)}
     acc, heads = train_perception(model.model.vision_tower, tcfg.vision_steps, tcfg.vision_batch,
-                                  tcfg.vision_lr, seed, pool=tcfg.vision_pool, log=log, progress=progress,
-                                  panels=bool(size.anyres))
+                                  tcfg.vision_lr, seed, pool=tcfg.vision_pool, log=log, progress=progress)
     metrics.update(acc)
     init_projector(model.model.multi_modal_projector, heads)
     processor = build_processor(size, tok)

@@ -46,13 +46,9 @@ TRAIN_PRESETS = {
     "tiny": VLMTrainConfig(vision_steps=20, vision_batch=8, vision_pool=160, steps=30, batch=4, warmup=5,
                            train_per_task=12),
     "small": VLMTrainConfig(),
-    # six samples per image, so n per task are n images. With 2000 (the small world's count) the
-    # decoder memorised them: measured on a 4-layer proxy trained on sign questions alone (1000
-    # images, 1500 steps), training answer tokens 0.99 against 0.86 held out, exact match 0.08;
-    # the built target's answers attended to the named tile no more than to the others (its share
-    # of the tiles' attention 0.10-0.12 in all 10 layers, uniform 0.11). 8000 images: each
-    # (image, question) is seen ~1.2 times in 3600 x 16 samples (3.9 GB of pixel values held once)
-    "hires": VLMTrainConfig(train_per_task=8000),
+    # six samples per image: 2000 per task are 2000 images; the steps are the small world's until
+    # a measured build says otherwise
+    "hires": VLMTrainConfig(),
 }
 TRAIN_PRESETS["tiny-hires"] = TRAIN_PRESETS["tiny"]
 
