@@ -341,3 +341,28 @@ def test_proposer_acceptance_is_learnt_per_node_index():
     assert torch.allclose(p_depth, torch.full((4,), 0.225, dtype=torch.float64), atol=0.04)
     assert GoodputPolicy(8, 3, depth_scaled=False).acceptance.node_seen.numel() == 8
     assert GoodputPolicy(8, 3).acceptance.node_seen.numel() == 0
+
+
+def test_an_ar_step_measured_below_the_trees_line_costs_what_it_measured():
+    """Tree steps pay fixed costs an AR step does not (mask, walk, learning from every node): a line
+    fitted on them puts AR at 11 ms where it measured 4. The chooser weighs AR at its measured
+    seconds (oracle: the brute-force rates with 4 ms at N = 0); measured above the line (the line
+    missing the curve at few tokens, which small trees share), AR keeps the line."""
+    cm = _cost(0.010, 0.0005)
+    line = [(2 + float(P[:, :k].sum())) / (0.010 + 0.0005 * 2 * (1 + k)) for k in range(7)]
+    assert choose_nodes(P, ACTIVE, rows=2, cost=cm)[1] == pytest.approx(line)
+    for _ in range(30):
+        cm.observe_ar(2, 0.004)
+    assert cm.ar_s(2) == pytest.approx(0.004) and cm.ar_s(4) == pytest.approx(0.012)  # per row count
+    n, rates = choose_nodes(P, ACTIVE, rows=2, cost=cm)
+    assert rates == pytest.approx([2 / 0.004] + line[1:])
+    assert n == 0 and line[0] < max(line)   # the line alone would have drafted
+    policy = GoodputPolicy(6, 3, depth_scaled=False)
+    policy.cost = cm
+    policy.cost.draft_step = 1e-4
+    policy._V = torch.tensor([[0.0] * 6] * 2 + [P.sum(0).cumsum(0).div(2).tolist()], dtype=torch.float64)
+    assert policy._best_plan(2, 2) == (0, 0)
+    for _ in range(30):
+        cm.observe_ar(2, 0.030)
+    assert cm.ar_s(2) == pytest.approx(0.011)  # above the line: the line
+    assert policy._best_plan(2, 2)[0] == 3

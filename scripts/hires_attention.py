@@ -1,0 +1,79 @@
+"""Does a hires target look at the panel a question names? Per decoder layer, over held-out
+one-panel questions (general VQA and sign reading, whose `scene_json` names the panel read): the
+named tile's share of the attention that the answer positions give the nine tiles (uniform: 1/9),
+and how often it is the tile with the most.
+
+    python scripts/hires_attention.py runs/reference/hires/target [--per-task 60]
+
+Layout read (LLaVA-NeXT, the hires preset): the image's placeholders are the base view's P tokens,
+then rows of the 3x3 tiles' patch grid, each row ending in one newline token.
+Shapes: H heads, A answer positions, K visual tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from spec_core.reference import hires  # noqa: E402
+from spec_core.reference.hires.mosaic import PANELS, mosaic_from_json  # noqa: E402
+from spec_core.reference.vlm.build import load_target  # noqa: E402
+from spec_core.reference.vlm.data import IGNORE, decode_png, encode_conversation  # noqa: E402
+from spec_core.reference.vlm.model import image_inputs  # noqa: E402
+
+
+def tile_of_tokens(base: int, side: int) -> np.ndarray:
+    """Tile index (row-major, 0..PANELS^2-1) of every visual token; -1 for the base view and newlines.
+    `side`: patches per tile side."""
+    grid = PANELS * side
+    tiles = [-1] * base
+    for r in range(grid):
+        tiles += [(r // side) * PANELS + c // side for c in range(grid)] + [-1]
+    return np.array(tiles)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("target", help="a saved hires target directory")
+    ap.add_argument("--per-task", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    model, proc = load_target(args.target)
+    model.set_attn_implementation("eager")  # attention weights are returned by the eager path only
+    vision = model.config.vision_config
+    side = vision.image_size // vision.patch_size
+    tiles = tile_of_tokens(side * side, side)
+    tok, K = proc.tokenizer, len(tiles)
+    image_id = tok.convert_tokens_to_ids(proc.image_token)
+    samples = [s for t in ("general_vqa", "text_vqa") for s in hires.make_split(t, args.per_task, args.seed, "eval")]
+    L = model.config.text_config.num_hidden_layers
+    wins, share = np.zeros(L), np.zeros(L)
+    for s in samples:
+        _, regions = mosaic_from_json(s["scene_json"])
+        named = regions[0][0]
+        ids, labels = encode_conversation(tok, list(s["conversation"]), K)
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([ids]), **image_inputs(proc, [decode_png(s["image_png"])]),
+                        output_attentions=True)
+        start = ids.index(image_id)
+        answer = [i - 1 for i, y in enumerate(labels) if y != IGNORE]  # positions that predict answer tokens
+        for layer, attn_1HTT in enumerate(out.attentions):
+            mass_K = attn_1HTT[0][:, answer, start:start + K].mean((0, 1)).numpy()
+            per_tile = np.array([mass_K[tiles == t].sum() for t in range(PANELS * PANELS)])
+            wins[layer] += per_tile.argmax() == named
+            share[layer] += per_tile[named] / max(per_tile.sum(), 1e-12)
+    n = len(samples)
+    print(f"{n} one-panel questions; uniform share {1 / PANELS ** 2:.3f}")
+    print("layer  named tile's share  named tile has the most")
+    for layer in range(L):
+        print(f"{layer:5d}  {share[layer] / n:18.3f}  {wins[layer] / n:23.2f}")
+
+
+if __name__ == "__main__":
+    main()
