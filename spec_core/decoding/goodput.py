@@ -39,6 +39,11 @@ _BUCKETS = 10          # confidence buckets [0, .1), ..., [.9, 1]
 _PRIOR_WEIGHT = 4.0    # pseudo-observations behind each bucket's prior
 
 
+def _ema(old: float | None, new: float, alpha: float) -> float:
+    """An exponential moving average's next value (the first observation taken whole)."""
+    return new if old is None else (1 - alpha) * old + alpha * new
+
+
 @dataclass
 class LineFit:
     """seconds = a + b x, a least-squares fit over measured (x, seconds) with exponential forgetting."""
@@ -99,8 +104,7 @@ class CostModel(LineFit):
 
     def observe_ar(self, rows: int, seconds: float, alpha: float = 0.2) -> None:
         """A verify of the roots alone (an AR step, or a tree truncated to no node)."""
-        old = self.ar.get(rows)
-        self.ar[rows] = seconds if old is None else (1 - alpha) * old + alpha * seconds
+        self.ar[rows] = _ema(self.ar.get(rows), seconds, alpha)
 
     def ar_s(self, rows: int) -> float:
         """Seconds of verifying `rows` roots without nodes: the line's value, or what such steps
@@ -117,9 +121,9 @@ class CostModel(LineFit):
     def observe_draft(self, depth: int, seconds: float, rows: int = 0, alpha: float = 0.2) -> None:
         """A draft of `depth` depths that expanded `rows` rows per depth (slots x width)."""
         if depth > 0:
-            self.draft_step = seconds if self.draft_step == 0 else (1 - alpha) * self.draft_step + alpha * seconds
             per = seconds / depth
-            self.draft_per_depth = per if self.draft_per_depth == 0 else (1 - alpha) * self.draft_per_depth + alpha * per
+            self.draft_step = _ema(self.draft_step or None, seconds, alpha)  # 0: not measured yet
+            self.draft_per_depth = _ema(self.draft_per_depth or None, per, alpha)
             if rows > 0:
                 self.draft_fit.observe(rows, per)
 
@@ -130,7 +134,7 @@ class CostModel(LineFit):
 
     def observe_commit(self, verified_nodes: bool, seconds: float, alpha: float = 0.2) -> None:
         old = self.commit_tree if verified_nodes else self.commit_ar
-        new = seconds if old < 0 else (1 - alpha) * old + alpha * seconds
+        new = _ema(old if old >= 0 else None, seconds, alpha)  # < 0: not measured yet
         if verified_nodes:
             self.commit_tree = new
         else:
