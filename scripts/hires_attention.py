@@ -5,8 +5,7 @@ and how often it is the tile with the most.
 
     python scripts/hires_attention.py runs/reference/hires/target [--per-task 60]
 
-Layout read (LLaVA-NeXT, the hires preset): the image's placeholders are the base view's P tokens,
-then rows of the 3x3 tiles' patch grid, each row ending in one newline token.
+Layout read: `spec_core.reference.hires.layout` (LLaVA-NeXT's packing of the base view and tiles).
 Shapes: H heads, A answer positions, K visual tokens.
 """
 
@@ -22,20 +21,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spec_core.reference import hires  # noqa: E402
+from spec_core.reference.hires.layout import tile_of_tokens  # noqa: E402
 from spec_core.reference.hires.mosaic import PANELS, mosaic_from_json  # noqa: E402
 from spec_core.reference.vlm.build import load_target  # noqa: E402
 from spec_core.reference.vlm.data import IGNORE, decode_png, encode_conversation  # noqa: E402
 from spec_core.reference.vlm.model import image_inputs  # noqa: E402
-
-
-def tile_of_tokens(base: int, side: int) -> np.ndarray:
-    """Tile index (row-major, 0..PANELS^2-1) of every visual token; -1 for the base view and newlines.
-    `side`: patches per tile side."""
-    grid = PANELS * side
-    tiles = [-1] * base
-    for r in range(grid):
-        tiles += [(r // side) * PANELS + c // side for c in range(grid)] + [-1]
-    return np.array(tiles)
 
 
 def main() -> None:
@@ -48,7 +38,7 @@ def main() -> None:
     model.set_attn_implementation("eager")  # attention weights are returned by the eager path only
     vision = model.config.vision_config
     side = vision.image_size // vision.patch_size
-    tiles = tile_of_tokens(side * side, side)
+    tiles = tile_of_tokens(side)
     tok, K = proc.tokenizer, len(tiles)
     image_id = tok.convert_tokens_to_ids(proc.image_token)
     samples = [s for t in ("general_vqa", "text_vqa") for s in hires.make_split(t, args.per_task, args.seed, "eval")]

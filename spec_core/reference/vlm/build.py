@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from transformers import AutoConfig, AutoProcessor, LlavaForConditionalGeneration, LlavaNextForConditionalGeneration
 
 from spec_core.reference import hires
 from spec_core.reference import tasks as small
+from spec_core.reference.hires.layout import sample_region_tokens
 from spec_core.reference.tasks import TASKS, corpus_texts
 from spec_core.reference.vlm.data import TaskPool
 from spec_core.reference.vlm.evaluate import call_cost, quality
@@ -49,11 +51,15 @@ def build_target(preset: str, out_dir: str, seed: int = 0, samples: list[dict] |
     metrics: dict = {"target_params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
                      "target_train_samples": len(samples)}
     acc, heads = train_perception(model.model.vision_tower, tcfg.vision_steps, tcfg.vision_batch,
-                                  tcfg.vision_lr, seed, pool=tcfg.vision_pool, log=log, progress=progress)
+                                  tcfg.vision_lr, seed, pool=tcfg.vision_pool, log=log, progress=progress,
+                                  panels=bool(size.anyres))
     metrics.update(acc)
     init_projector(model.model.multi_modal_projector, heads)
     processor = build_processor(size, tok)
-    pool = TaskPool.build(samples, processor, size.n_image_tokens)
+    focus = None
+    if size.anyres and tcfg.focus_weight > 0:  # hires: each answer's panels, for `focus_loss`
+        focus = partial(sample_region_tokens, side=size.image_size // size.patch)
+    pool = TaskPool.build(samples, processor, size.n_image_tokens, focus=focus)
     metrics.update(train_vlm(model, pool, tcfg, log=log, progress=progress))
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)

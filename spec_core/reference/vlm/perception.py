@@ -4,7 +4,9 @@ A tiny LLaVA trained end to end sits on a language-prior plateau (answers ignore
 shared/CALIBRATION.md). So the tower is first trained on exactly the features LLaVA reads
 (`hidden_states[-1][:, 1:]`, the patch tokens of the last layer): linear heads on every patch
 predict the object colour / shape / size / grid cell, the sign letter and word, and the chart bar
-and its value; pooled heads predict the object count and the number of bars.
+and its value; pooled heads predict the object count and the number of bars. For the hires world
+(`panels=True`) each scene is also framed as one of the mosaic's nine panels and a head on every
+patch names that panel (`spec_core.reference.hires.mosaic.frame_panel`).
 
 Shapes: B batch, P patches, D vision hidden, K classes.
 """
@@ -21,6 +23,7 @@ from torch import nn
 from transformers import CLIPVisionModel
 
 from spec_core.reference.drawing import patch_labels, render
+from spec_core.reference.hires.mosaic import PANELS, frame_panel
 from spec_core.reference.scenes import sample_scene
 from spec_core.reference.vocab import COLOURS, SHAPES, WORDS
 from spec_core.reference.vlm.model import pixels
@@ -30,17 +33,25 @@ IGNORE = -100
 PATCH_HEADS = {"colour": len(COLOURS) + 1, "shape": len(SHAPES) + 1, "size": 3, "cell": 9,
                "char": 27, "word": len(WORDS), "bar": 7, "bar_value": 10}
 IMAGE_HEADS = {"count": 6, "n_bars": 7}
+PANEL_HEAD = {"panel": PANELS * PANELS}   # hires only: which mosaic panel a patch is in
 
 
-def scene_batch(rng: np.random.Generator, n: int, size: int, patch: int,
+def scene_batch(rng: np.random.Generator, n: int, size: int, patch: int, panels: bool = False,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """n random scenes (60% objects, 40% of those with a sign; 25% charts) -> pixels + labels."""
-    images, labels = [], {k: [] for k in (*PATCH_HEADS, *IMAGE_HEADS)}
+    """n random scenes (60% objects, 40% of those with a sign; 25% charts) -> pixels + labels;
+    with `panels`, each framed as a random panel of a hires mosaic and labelled with it."""
+    heads = {**PATCH_HEADS, **(PANEL_HEAD if panels else {})}
+    images, labels = [], {k: [] for k in (*heads, *IMAGE_HEADS)}
     for _ in range(n):
         kind = "chart" if rng.random() < 0.25 else "objects"
         scene = sample_scene(rng, kind, with_sign_prob=0.4)
-        images.append(render(scene, size))
+        image = render(scene, size)
         lab = patch_labels(scene, size, patch)
+        if panels:
+            p = int(rng.integers(PANELS * PANELS))
+            image = frame_panel(image, p)
+            lab["panel"] = np.full_like(lab["cell"], p)
+        images.append(image)
         # every letter patch of the sign also names the whole word (OCR at the patch LLaVA reads)
         lab["word"] = np.where(lab["char"] > 0, lab["word"], IGNORE)
         lab["bar_value"] = np.where(lab["bar"] > 0, lab["bar_value"], IGNORE)
@@ -52,9 +63,10 @@ def scene_batch(rng: np.random.Generator, n: int, size: int, patch: int,
 class PerceptionHeads(nn.Module):
     """Linear probes on patch features (and on their mean for image-level labels)."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, panels: bool = False):
         super().__init__()
-        self.patch = nn.ModuleDict({k: nn.Linear(dim, c) for k, c in PATCH_HEADS.items()})
+        heads = {**PATCH_HEADS, **(PANEL_HEAD if panels else {})}
+        self.patch = nn.ModuleDict({k: nn.Linear(dim, c) for k, c in heads.items()})
         self.image = nn.ModuleDict({k: nn.Linear(dim, c) for k, c in IMAGE_HEADS.items()})
 
     def loss(self, feats_BPD: torch.Tensor, labels: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
@@ -73,7 +85,8 @@ class PerceptionHeads(nn.Module):
         return total, acc
 
 
-# Heads whose logits seed the projector: one row per class, 73 of the text width's rows.
+# Heads whose logits seed the projector: one row per class, 73 of the text width's rows (82 with
+# the hires panel head, which comes last).
 PROJECTOR_HEADS = ("colour", "shape", "size", "cell", "char", "bar", "bar_value")
 
 
@@ -91,8 +104,9 @@ def init_projector(projector: nn.Module, heads: PerceptionHeads, out_std: float 
     the true labels, the oracle: 0.78 at 600 steps). A projector narrower than the 73 head rows
     (the tiny preset) takes the first rows that fit. Returns the rows taken from heads."""
     lin1, lin2 = projector.linear_1, projector.linear_2
-    w = torch.cat([heads.patch[k].weight for k in PROJECTOR_HEADS])
-    b = torch.cat([heads.patch[k].bias for k in PROJECTOR_HEADS])
+    names = [k for k in (*PROJECTOR_HEADS, *PANEL_HEAD) if k in heads.patch]
+    w = torch.cat([heads.patch[k].weight for k in names])
+    b = torch.cat([heads.patch[k].bias for k in names])
     if lin1.in_features != w.shape[1]:
         raise ValueError(f"projector reads {lin1.in_features} features, the heads {w.shape[1]}")
     n = min(w.shape[0], lin1.out_features)
@@ -129,14 +143,16 @@ def patch_features(tower: CLIPVisionModel, pixel_values_BCHW: torch.Tensor) -> t
 
 def train_perception(tower: CLIPVisionModel, steps: int, batch: int, lr: float, seed: int,
                      pool: int = 8192, log: Callable[[str], None] | None = None,
-                     progress: Callable | None = None) -> tuple[dict[str, float], PerceptionHeads]:
-    """Train the tower in place; returns held-out per-head accuracy and the trained heads."""
+                     progress: Callable | None = None, panels: bool = False,
+                     ) -> tuple[dict[str, float], PerceptionHeads]:
+    """Train the tower in place (with `panels`, on scenes framed as hires mosaic panels, naming
+    the panel at every patch); returns held-out per-head accuracy and the trained heads."""
     cfg = tower.config
     rng = np.random.default_rng([seed, 101])
     torch.manual_seed(seed)
     n_pool = min(pool, steps * batch)
-    px, labels = scene_batch(rng, n_pool, cfg.image_size, cfg.patch_size)
-    heads = PerceptionHeads(cfg.hidden_size)
+    px, labels = scene_batch(rng, n_pool, cfg.image_size, cfg.patch_size, panels)
+    heads = PerceptionHeads(cfg.hidden_size, panels)
     params = list(tower.parameters()) + list(heads.parameters())
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
@@ -155,7 +171,8 @@ def train_perception(tower: CLIPVisionModel, steps: int, batch: int, lr: float, 
             log(f"vision step {step} loss {loss.item():.3f}")
     tower.eval()
     n_test = min(256, max(32, n_pool))
-    test_px, test_labels = scene_batch(np.random.default_rng([seed, 202]), n_test, cfg.image_size, cfg.patch_size)
+    test_px, test_labels = scene_batch(np.random.default_rng([seed, 202]), n_test, cfg.image_size, cfg.patch_size,
+                                       panels)
     with torch.no_grad():
         feats_BPD = patch_features(tower, test_px)
         _, acc = heads.loss(feats_BPD, test_labels)

@@ -13,7 +13,7 @@ from PIL import Image
 from spec_core.reference import TASKS, render, words_of
 from spec_core.reference.hires import (IMAGE_PX, PANEL_NAMES, PANEL_PX, all_words, make_sample, make_split,
                                        mosaic_from_json, render_mosaic, sample_mosaic)
-from spec_core.reference.hires.mosaic import alter_panel
+from spec_core.reference.hires.mosaic import FRAME_PX, FRAME_RGB, alter_panel, frame_panel
 from spec_core.reference.tasks import corpus_texts
 from spec_core.reference.vlm.data import decode_png
 
@@ -38,15 +38,23 @@ def test_every_image_is_asked_one_question_of_each_kind_and_samples_are_determin
         make_sample(0, "ocr", 0, "train")
 
 
-def test_the_image_is_the_nine_panels_each_drawn_as_a_small_world_scene(samples):
+def test_the_image_is_the_nine_panels_each_drawn_as_a_small_world_scene_inside_a_frame(samples):
     s = samples["captioning"][3]
     image = np.asarray(decode_png(s["image_png"]))
     assert image.shape == (IMAGE_PX, IMAGE_PX, 3)
+    ring = np.zeros((IMAGE_PX, IMAGE_PX), dtype=bool)
+    ring[:FRAME_PX], ring[-FRAME_PX:], ring[:, :FRAME_PX], ring[:, -FRAME_PX:] = True, True, True, True
+    assert (image[ring] == FRAME_RGB).all()
     mosaic, _ = mosaic_from_json(s["scene_json"])
     for i, panel in enumerate(mosaic.panels):
         r, c = divmod(i, 3)
-        tile = image[r * PANEL_PX:(r + 1) * PANEL_PX, c * PANEL_PX:(c + 1) * PANEL_PX]
-        assert np.array_equal(tile, np.asarray(render(panel, PANEL_PX))), PANEL_NAMES[i]
+        cut = np.s_[r * PANEL_PX:(r + 1) * PANEL_PX, c * PANEL_PX:(c + 1) * PANEL_PX]
+        inside = ~ring[cut]
+        assert np.array_equal(image[cut][inside], np.asarray(render(panel, PANEL_PX))[inside]), PANEL_NAMES[i]
+        # what stage 1 of the tower trains on is the tile, pixel for pixel
+        assert np.array_equal(image[cut], np.asarray(frame_panel(render(panel, PANEL_PX), i))), PANEL_NAMES[i]
+    # the frame is the only magenta: a tile's place is told by its framed sides alone
+    assert not (image[~ring] == FRAME_RGB).all(-1).any()
 
 
 def test_region_answers_are_read_from_the_panel_they_name(samples):

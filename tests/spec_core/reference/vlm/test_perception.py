@@ -64,3 +64,33 @@ def test_object_patch_accuracy_counts_object_patches_only():
     feats[0, 1, dims["colour"] + 4] = 0.0  # patch 1 now reads as shape 0: one object patch wrong
     acc = object_patch_accuracy(heads, feats, labels)
     assert acc == {"colour_objects": 1.0, "shape_objects": 0.5, "size_objects": 1.0}
+
+
+def test_hires_stage_one_frames_each_scene_as_a_panel_and_labels_every_patch_with_it():
+    """With panels: the pixels are the scene framed as the labelled panel (oracle: frame_panel of
+    the same scene), every patch carries that panel, and the panel head's rows come last in the
+    projector."""
+    import numpy as np
+
+    from spec_core.reference.drawing import render
+    from spec_core.reference.hires.mosaic import frame_panel
+    from spec_core.reference.scenes import sample_scene
+    from spec_core.reference.vlm.model import pixels
+    from spec_core.reference.vlm.perception import PANEL_HEAD, scene_batch
+
+    px, labels = scene_batch(np.random.default_rng(5), 12, 64, 16, panels=True)
+    plain_px, plain = scene_batch(np.random.default_rng(5), 1, 64, 16)
+    assert "panel" not in plain and set(labels) == set(plain) | {"panel"}
+    assert (labels["panel"] == labels["panel"][:, :1]).all() and len(set(labels["panel"][:, 0].tolist())) > 3
+    rng = np.random.default_rng(5)   # replay the sampler: scene, then its panel
+    for i in range(12):
+        scene = sample_scene(rng, "chart" if rng.random() < 0.25 else "objects", with_sign_prob=0.4)
+        p = int(rng.integers(9))
+        assert p == int(labels["panel"][i, 0])
+        assert torch.equal(px[i], pixels([frame_panel(render(scene, 64), p)])[0])
+    heads = PerceptionHeads(32, panels=True)
+    proj = LlavaMultiModalProjector(_config(32, 192))
+    n = init_projector(proj, heads)
+    assert n == 73 + PANEL_HEAD["panel"]
+    x = torch.randn(4, 32)
+    assert torch.allclose(proj.linear_1(x)[:, 73:n], heads.patch["panel"](x), atol=1e-5)
