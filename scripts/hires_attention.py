@@ -24,7 +24,7 @@ from spec_core.reference import hires  # noqa: E402
 from spec_core.reference.hires.layout import tile_of_tokens  # noqa: E402
 from spec_core.reference.hires.mosaic import PANELS, mosaic_from_json  # noqa: E402
 from spec_core.reference.vlm.build import load_target  # noqa: E402
-from spec_core.reference.vlm.data import IGNORE, decode_png, encode_conversation  # noqa: E402
+from spec_core.reference.vlm.data import answer_runs, decode_png, encode_conversation  # noqa: E402
 from spec_core.reference.vlm.model import image_inputs  # noqa: E402
 
 
@@ -52,7 +52,7 @@ def main() -> None:
             out = model(input_ids=torch.tensor([ids]), **image_inputs(proc, [decode_png(s["image_png"])]),
                         output_attentions=True)
         start = ids.index(image_id)
-        answer = [i - 1 for i, y in enumerate(labels) if y != IGNORE]  # positions that predict answer tokens
+        answer = [q for run in answer_runs(labels) for q in run]  # positions that predict answer tokens
         for layer, attn_1HTT in enumerate(out.attentions):
             mass_K = attn_1HTT[0][:, answer, start:start + K].mean((0, 1)).numpy()
             per_tile = np.array([mass_K[tiles == t].sum() for t in range(PANELS * PANELS)])
