@@ -194,7 +194,8 @@ def grid(adapter, processor, args) -> None:
                 nodes += (f"\n{'':27s}AR steps {pol.depths.count(0) / max(len(pol.depths), 1):.0%}, accepted / "
                           f"predicted {st['observed_accepted'] / max(st['predicted_accepted'], 1e-9):.2f}, verify "
                           f"{st['verify_ms_intercept']:.2f} + {st['verify_ms_per_token']:.3f} ms/token, draft "
-                          f"{st['draft_ms_per_depth']:.2f} ms/depth, commit extra {st['commit_extra_ms']:.2f} ms")
+                          f"{st['draft_ms_per_depth']:.2f} ms/depth, commit extra {st['commit_extra_ms']:.2f} ms, "
+                          f"every step {st['step_overhead_ms']:.2f} ms")
             print(f"  {key[0]:10s} {key[1]:14s} throughput vs AR: median {statistics.median(ratios):.2f}x "
                   f"(min-time {min(ar) / min(t):.2f}x){nodes}")
 

@@ -174,6 +174,7 @@ class DecodeEngine:
         # seconds per phase of step() (prefill: admissions), summed since construction; on CUDA the
         # phase boundaries synchronize, so they are exact but not free
         self.phase_s = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "commit": 0.0}
+        self._mark: tuple[float | None, float] = (None, 0.0)  # when the last step ended, prefill seconds then
         self._sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
         # ViSkip (tau) / visual tracking: the last layer's attention share on image keys of each
         # slot's current state, from the forward that produced its root token
@@ -415,13 +416,15 @@ class DecodeEngine:
         t_drafted = self._lap("draft", t0)
         hidden_BMD, path_BD, n_B, rows = self._verify_and_walk(tree, active)
         t_verified = self._lap("verify", t_drafted)
-        if self.policy is not None:
-            self.policy.observe(tree, self.B, t_verified - t_drafted, t_drafted - t0, depth if tree.size else 0,
-                                path_BD, n_B, active_B, self._draft_width if self.policy.width else 0)
         finished = self._commit(active, rows, hidden_BMD)
         t_committed = self._lap("commit", t_verified)
-        if self.policy is not None:
+        if self.policy is not None:  # wall: since the last step ended, admissions' prefills left out
+            prefill = self.phase_s["prefill"]
+            wall = t_committed - (self._mark[0] or t0) - (prefill - self._mark[1])
+            self._mark = (t_committed, prefill)
             self.policy.cost.observe_commit(tree.size > 0, t_committed - t_verified)
+            self.policy.observe(tree, self.B, t_verified - t_drafted, t_drafted - t0, depth if tree.size else 0,
+                                path_BD, n_B, active_B, self._draft_width if self.policy.width else 0, wall)
         return [self._finish(b) for b in finished]
 
     def _plan_and_draft(self, active: list[bool], active_B: torch.Tensor) -> tuple[DraftTree, int | None]:
@@ -594,6 +597,7 @@ class DecodeEngine:
         """Decode every request; results come back in finishing order (continuous batching)."""
         queue = iter(requests)
         exhausted = False
+        self._mark = (time.perf_counter(), self.phase_s["prefill"])  # the goodput policy's step clock
 
         def refill():  # every free slot takes the next request, all prefilled in one forward
             nonlocal exhausted

@@ -19,7 +19,10 @@ untouched: any tree is verified by the target's own rule; only the tree's size c
   drafter's seconds per depth, and what committing a verified tree costs beyond an AR step's commit
   (t_commit(N > 0) - t_commit(0): moving accepted KV, feeding the accepted tokens to a feature
   drafter, which an AR step defers) - exponential moving averages. Where the drafter costs as much
-  as the target (a tiny world), that commit term is what makes AR win.
+  as the target (a tiny world), that commit term is what makes AR win. And what every step pays
+  whatever its plan (the AR part of committing, the engine's bookkeeping between steps; not the
+  admissions' prefills, which the requests pay whatever the steps do): a step's rate counts it in
+  its seconds, or a plan prefers smaller trees than the fastest run has.
 - `AcceptanceModel`: p(accepted) per node, calibrated online against observed acceptance: by
   draft confidence (exp of the cumulative draft log-probability, EAGLE-2's score) in buckets for
   drafters that score their nodes, by depth for training-free proposers; a prior where nothing
@@ -97,6 +100,7 @@ class CostModel(LineFit):
     commit_tree: float = -1.0      # seconds to commit a step that verified nodes (EMA); < 0: not yet
     commit_ar: float = -1.0        # ... and an AR step
     draft_fit: LineFit = field(default_factory=LineFit)  # seconds per depth vs expanded rows
+    overhead: float = -1.0         # seconds of a step outside drafting, verifying and the commit extra (EMA); < 0: not yet
     ar: dict[int, float] = field(default_factory=dict)    # rows -> seconds of a verify without nodes (EMA)
 
     def verify_s(self, tokens: int) -> float:
@@ -139,6 +143,16 @@ class CostModel(LineFit):
             self.commit_tree = new
         else:
             self.commit_ar = new
+
+    def observe_step(self, wall_s: float, verify_s: float, draft_s: float, verified_nodes: bool,
+                     alpha: float = 0.1) -> None:
+        """A step's wall seconds since the previous step ended, admissions' prefills left out."""
+        other = wall_s - verify_s - draft_s - (self.commit_extra() if verified_nodes else 0.0)
+        self.overhead = _ema(self.overhead if self.overhead >= 0 else None, max(other, 0.0), alpha)
+
+    def overhead_s(self) -> float:
+        """Seconds every step pays besides its draft, verification and commit extra (0 until measured)."""
+        return max(self.overhead, 0.0)
 
     def commit_extra(self) -> float:
         """Seconds a step that verified nodes spends committing beyond an AR step (0 until both
@@ -201,8 +215,8 @@ def choose_nodes(p_BN: torch.Tensor, active_B: torch.Tensor, rows: int, cost: Co
                  cap: int | None = None, rate: float | None = None) -> tuple[int, list[float]]:
     """The node count N (0..p.shape[1], at most `cap`) that maximises expected committed tokens
     per second of the whole step: (n_active + sum over active rows of their first N p's) /
-    (draft_s + t_verify(rows * (1 + N)) + t_commit extra where N > 0). Returns (N, goodput of
-    every N considered).
+    (draft_s + t_verify(rows * (1 + N)) + t_commit extra where N > 0, + what every step pays).
+    Returns (N, goodput of every N considered).
 
     With `rate` (the long-run tokens per second the steps reach, drafting included), N maximises
     tokens - rate x seconds instead: once a draft is paid, a node is worth verifying when it
@@ -213,11 +227,12 @@ def choose_nodes(p_BN: torch.Tensor, active_B: torch.Tensor, rows: int, cost: Co
     active = active_B.to(torch.bool).cpu()
     gain = p_BN[active].sum(0).cumsum(0).tolist() if n_max else []  # expected accepted drafts, first N nodes
     n_active = int(active.sum())
-    extra = cost.commit_extra()
+    extra, other = cost.commit_extra(), cost.overhead_s()
+    a, b = cost.coefficients()  # t_verify(T) = a + b T, read once (a step's choice must cost little)
     rates, net = [], []
     for n in range(n_max + 1):
         value = n_active + (gain[n - 1] if n else 0.0)
-        seconds = draft_s + extra + cost.verify_s(rows * (1 + n)) if n else cost.ar_s(rows)
+        seconds = other + (draft_s + extra + a + b * rows * (1 + n) if n else cost.ar_s(rows))
         rates.append(value / seconds if seconds > 0 else math.inf * (value > 0))
         if rate is not None:
             net.append(value - rate * seconds)
@@ -344,10 +359,14 @@ class GoodputPolicy:
 
     def _best_plan(self, n_active: int, rows: int) -> tuple[int, int]:
         """(draft depth, expected node count) of the highest expected rate; (0, 0): AR. Every (d, N)
-        at once (a step's planning must cost little next to an AR step: 6 depths x 80 nodes)."""
+        at once (a step's planning must cost little next to an AR step: 6 depths x 80 nodes).
+        A step's seconds count what every step pays besides its plan (`CostModel.overhead_s`): left
+        out, a ratio prefers smaller trees (measured on two cores: 0.2-0.7 ms per step, 2-5% of a
+        step - a small push towards the larger trees that fixed CPU trees showed to win)."""
         a, b = self.cost.coefficients()  # t_verify(T) = a + b T, read once for every candidate
-        fixed = self.cost.commit_extra() + a + b * rows  # any drafting step, besides its depth and nodes
-        ar_rate = n_active / max(self.cost.ar_s(rows), 1e-12)
+        other = self.cost.overhead_s()   # what any step pays besides its plan's own seconds
+        fixed = other + self.cost.commit_extra() + a + b * rows  # any drafting step, besides its depth and nodes
+        ar_rate = n_active / max(other + self.cost.ar_s(rows), 1e-12)
         n_N, w_N, d_D1 = self._grid
         if self.depth_scaled:
             per_depth_N = self.cost.draft_depth_s(rows * w_N)  # a tensor (the fit) or a float (the mean)
@@ -427,11 +446,16 @@ class GoodputPolicy:
         self._ar_at = None  # the values moved: an AR plan is weighed again
 
     def observe(self, tree, rows: int, verify_s: float, draft_s: float, draft_depth: int,
-                path_BD: torch.Tensor, n_B: torch.Tensor, active_B: torch.Tensor, draft_width: int = 0) -> None:
+                path_BD: torch.Tensor, n_B: torch.Tensor, active_B: torch.Tensor, draft_width: int = 0,
+                wall_s: float = 0.0) -> None:
         """A verified step: its costs (`draft_width`: the width the draft expanded per depth, 0
-        where the policy does not plan it), and which of its real nodes the walk accepted."""
+        where the policy does not plan it; `wall_s`: seconds since the previous step ended, the
+        admissions' prefills between left out - 0 where not measured), and which of its real
+        nodes the walk accepted."""
         self._schedule(self._exploring() is not None, verify_s + draft_s)
         self.steps += 1
+        if wall_s > 0:
+            self.cost.observe_step(wall_s, verify_s, draft_s, tree.size > 0)
         if draft_depth == 0:
             self.chosen.append(0)
         self.cost.observe(rows * (1 + tree.size), verify_s)
@@ -476,4 +500,4 @@ class GoodputPolicy:
                 "predicted_accepted": self.predicted, "observed_accepted": self.accepted,
                 "verify_ms_intercept": 1e3 * a, "verify_ms_per_token": 1e3 * b,  # the current fit
                 "draft_ms_per_depth": 1e3 * self.cost.draft_per_depth,
-                "commit_extra_ms": 1e3 * self.cost.commit_extra()}
+                "commit_extra_ms": 1e3 * self.cost.commit_extra(), "step_overhead_ms": 1e3 * self.cost.overhead_s()}

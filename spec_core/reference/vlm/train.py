@@ -3,10 +3,12 @@ projector and the Llama decoder learn the six tasks (loss on assistant tokens on
 
 from __future__ import annotations
 
+import copy
 import math
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -89,10 +91,10 @@ def focus_layers(n_layers: int, k: int) -> list[int]:
     return list(range(first, first + k))
 
 
-def focus_loss(attentions: tuple[torch.Tensor, ...], focus_BTT: torch.Tensor, layers: list[int],
-               heads: int) -> torch.Tensor:
+def focus_loss(attentions: tuple[torch.Tensor, ...], focus_BTT: torch.Tensor, heads: int) -> torch.Tensor:
     """-log of the attention mass that each focused query position gives its keys, averaged over
-    those positions, the first `heads` heads and `layers` (attentions: per layer (B, H, T, T)).
+    those positions, the first `heads` heads and the supervised layers (attentions: per supervised
+    layer (B, H, T, T)).
 
     Why: a hires answer is read from one or two of nine tiles whose tokens are scattered over 172
     placeholders (`spec_core.reference.hires.layout`), and trained on the answer tokens alone a
@@ -104,10 +106,35 @@ def focus_loss(attentions: tuple[torch.Tensor, ...], focus_BTT: torch.Tensor, la
     if n == 0:
         return attentions[0].new_zeros(())
     total = attentions[0].new_zeros(())
-    for layer in layers:
-        mass_BHT = (attentions[layer][:, :heads] * focus_BTT[:, None]).sum(-1)
+    for attn_BHTT in attentions:
+        mass_BHT = (attn_BHTT[:, :heads] * focus_BTT[:, None]).sum(-1)
         total = total - (mass_BHT.clamp_min(1e-6).log() * q_BT[:, None]).sum() / (n * mass_BHT.shape[1])
-    return total / len(layers)
+    return total / len(attentions)
+
+
+@contextmanager
+def attention_weights_of(model: LlavaForConditionalGeneration, layers: list[int]) -> Iterator[None]:
+    """Within the block, the decoder's `layers` run eager attention - the one implementation that
+    returns its weights (`output_attentions` then yields those layers' only) - and every other
+    attention keeps its own (SDPA): eager in all layers made a hires training step 0.70 -> 1.09 s.
+    The model is set to eager, so the masks are built as float additive masks, which SDPA takes
+    as well, and every other attention module gets a copy of its config with its own
+    implementation back. Restored on exit."""
+    top = model.config._attn_implementation
+    keep = {id(model.model.language_model.layers[i].self_attn) for i in layers}
+    mods = [(m, m.config, m.config._attn_implementation) for m in model.modules()
+            if type(m).__name__.endswith("Attention") and hasattr(m, "config")]
+    model.set_attn_implementation("eager")
+    try:
+        for m, cfg, impl in mods:
+            if id(m) not in keep:
+                m.config = copy.copy(cfg)
+                m.config._attn_implementation = impl
+        yield
+    finally:
+        for m, cfg, _ in mods:
+            m.config = cfg
+        model.set_attn_implementation(top)
 
 
 def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrainConfig,
@@ -127,37 +154,34 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
     if cfg.freeze_tower:
         tower.eval()
     focus = cfg.focus_weight > 0 and pool.focus is not None
-    if focus:  # attention weights come from the eager path only; the saved model keeps its own
-        attn_impl = model.config._attn_implementation
-        model.set_attn_implementation("eager")
-        layers = focus_layers(model.config.text_config.num_hidden_layers, cfg.focus_layers)
+    layers = focus_layers(model.config.text_config.num_hidden_layers, cfg.focus_layers) if focus else []
     t0 = time.perf_counter()
     recent: list[float] = []
     recent_focus: list[float] = []
     it = progress(range(cfg.steps), total=cfg.steps, desc="vlm stage 2") if progress else range(cfg.steps)
-    for step in it:
-        task = tasks[rng.choice(len(tasks), p=weights)]
-        batch = pool.batch(task, cfg.batch, rng)
-        focus_BTT = batch.pop("focus_BTT", None)
-        out = model(**batch, output_attentions=focus)
-        loss = out.loss
-        if focus:
-            f = focus_loss(out.attentions, focus_BTT, layers, cfg.focus_heads)
-            loss = loss + cfg.focus_weight * f
-            recent_focus = (recent_focus + [f.item()])[-50:]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        recent = (recent + [out.loss.item()])[-50:]
-        if log and (step % 100 == 0 or step == cfg.steps - 1):
-            acc = answer_token_accuracy(out.logits.detach(), batch["labels"])
-            extra = f" focus {np.mean(recent_focus):.3f}" if recent_focus else ""
-            log(f"vlm step {step} task {task} loss {np.mean(recent):.3f} answer-token acc {acc:.3f}{extra}")
+    # the focus layers' attention weights; the saved model keeps its own attention
+    with attention_weights_of(model, layers) if focus else nullcontext():
+        for step in it:
+            task = tasks[rng.choice(len(tasks), p=weights)]
+            batch = pool.batch(task, cfg.batch, rng)
+            focus_BTT = batch.pop("focus_BTT", None)
+            out = model(**batch, output_attentions=focus)
+            loss = out.loss
+            if focus:
+                f = focus_loss(out.attentions, focus_BTT, cfg.focus_heads)
+                loss = loss + cfg.focus_weight * f
+                recent_focus = (recent_focus + [f.item()])[-50:]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            recent = (recent + [out.loss.item()])[-50:]
+            if log and (step % 100 == 0 or step == cfg.steps - 1):
+                acc = answer_token_accuracy(out.logits.detach(), batch["labels"])
+                extra = f" focus {np.mean(recent_focus):.3f}" if recent_focus else ""
+                log(f"vlm step {step} task {task} loss {np.mean(recent):.3f} answer-token acc {acc:.3f}{extra}")
     model.eval()
-    if focus:
-        model.set_attn_implementation(attn_impl)
     out = {"vlm_train_seconds": round(time.perf_counter() - t0, 1),
            "vlm_final_loss": round(float(np.mean(recent)), 4)}
     if recent_focus:

@@ -366,3 +366,58 @@ def test_an_ar_step_measured_below_the_trees_line_costs_what_it_measured():
         cm.observe_ar(2, 0.030)
     assert cm.ar_s(2) == pytest.approx(0.011)  # above the line: the line
     assert policy._best_plan(2, 2)[0] == 3
+
+
+def test_what_every_step_pays_is_measured_and_makes_larger_trees_worth_their_time():
+    """A step's wall seconds beyond its draft, verify and commit extra (bookkeeping, the AR part of
+    a commit) are the same whatever the plan; a rate that leaves them out prefers small trees. With
+    them, the plan is the brute-force best rate counting them (oracle), and it drafts more nodes as
+    they grow."""
+    cm = CostModel()
+    for wall, verify, draft in ((0.020, 0.010, 0.004), (0.021, 0.011, 0.004)):
+        cm.observe_step(wall, verify, draft, verified_nodes=True)
+    assert cm.overhead_s() == pytest.approx(0.9 * 0.006 + 0.1 * 0.006)
+    cm.observe_step(0.001, 0.004, 0.0, verified_nodes=False)  # clock noise: never below 0
+    assert cm.overhead_s() == pytest.approx(0.9 * 0.006)
+    chosen = []
+    for other in (0.0, 0.002, 0.01, 0.05):
+        pol = _trained_policy(0.001, 0.0004, per_depth=0.0002)
+        pol.cost.overhead = other
+        rates = {(0, 0): 1 / (other + pol.cost.ar_s(1))}
+        for d in (1, 2, 3):
+            for k in range(1, 7):
+                rates[(d, k)] = (1 + pol.value[d][k]) / (other + d * 0.0002 + pol.cost.verify_s(1 + k))
+        best = max(rates, key=rates.get)
+        assert pol._best_plan(1, 1) == best, other
+        n, _ = choose_nodes(_confident_tree().score_BN.exp(), torch.tensor([True]), 1, pol.cost)
+        chosen.append((best[1], n))
+    assert [c[0] for c in chosen] == sorted(c[0] for c in chosen) and chosen[0][0] < chosen[-1][0], chosen
+    assert [c[1] for c in chosen] == sorted(c[1] for c in chosen) and chosen[0][1] < chosen[-1][1], chosen
+
+
+def test_the_engine_gives_each_step_its_wall_seconds_without_the_admissions_prefills(tiny_world):
+    """Each step's wall seconds hold its draft and verify; with the prefills they add up to no more
+    than the whole run (what lies outside: the end of the last step's bookkeeping); the overhead
+    every step pays is measured from them."""
+    import time
+
+    from spec_core.decoding import DecodeEngine, Request, TreeConfig
+    from tests.spec_core.decoding.conftest import prompt_inputs
+
+    adapter, processor, drafter, evals, _ = tiny_world
+    engine = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=TreeConfig(3, 3, 8, policy="goodput"))
+    seen = []
+    observe = engine.policy.observe
+
+    def spy(tree, rows, verify_s, draft_s, *args):
+        seen.append((args[-1], verify_s, draft_s))
+        return observe(tree, rows, verify_s, draft_s, *args)
+
+    engine.policy.observe = spy
+    requests = [Request(prompt_inputs(processor, s), 12, key=i) for i, s in enumerate(evals[::5][:5])]
+    t0 = time.perf_counter()
+    assert len(list(engine.generate(requests))) == 5
+    elapsed = time.perf_counter() - t0
+    assert seen and all(wall >= verify + draft > 0 for wall, verify, draft in seen)
+    assert sum(w for w, _, _ in seen) + engine.phase_s["prefill"] <= elapsed
+    assert engine.policy.cost.overhead >= 0.0  # measured

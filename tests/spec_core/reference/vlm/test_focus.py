@@ -68,13 +68,13 @@ def test_focus_loss_is_minus_log_the_mass_on_the_keys_in_the_supervised_heads_on
     on_keys = torch.zeros(B, H, T, T)
     on_keys[..., 1:3] = 0.5
     uniform = torch.full((B, H, T, T), 1 / T)
-    assert focus_loss((on_keys, uniform), focus_BTT, [0], heads=2).item() < 1e-6
-    assert math.isclose(focus_loss((on_keys, uniform), focus_BTT, [1], heads=2).item(), math.log(T / 2), rel_tol=1e-5)
-    assert math.isclose(focus_loss((on_keys, uniform), focus_BTT, [0, 1], heads=2).item(), math.log(T / 2) / 2, rel_tol=1e-5)
+    assert focus_loss((on_keys,), focus_BTT, heads=2).item() < 1e-6
+    assert math.isclose(focus_loss((uniform,), focus_BTT, heads=2).item(), math.log(T / 2), rel_tol=1e-5)
+    assert math.isclose(focus_loss((on_keys, uniform), focus_BTT, heads=2).item(), math.log(T / 2) / 2, rel_tol=1e-5)
     mixed = on_keys.clone()
     mixed[:, 2] = uniform[:, 2]  # an unsupervised head reads what it likes
-    assert focus_loss((mixed,), focus_BTT, [0], heads=2).item() < 1e-6
-    assert focus_loss((mixed,), torch.zeros_like(focus_BTT), [0], heads=2).item() == 0.0
+    assert focus_loss((mixed,), focus_BTT, heads=2).item() < 1e-6
+    assert focus_loss((mixed,), torch.zeros_like(focus_BTT), heads=2).item() == 0.0
     assert focus_layers(10, 2) == [4, 5] and focus_layers(4, 2) == [1, 2] and focus_layers(2, 3) == [0, 1]
 
 
@@ -87,7 +87,35 @@ def _probe_focus_loss(model, probe: dict, heads: int) -> float:
     with torch.no_grad():
         out = model(**batch, output_attentions=True)
     model.set_attn_implementation(impl)
-    return focus_loss(out.attentions, focus_BTT, focus_layers(len(out.attentions), 2), heads).item()
+    return focus_loss([out.attentions[i] for i in focus_layers(len(out.attentions), 2)], focus_BTT, heads).item()
+
+
+def test_attention_weights_of_the_focus_layers_only_match_eager_everywhere_and_are_restored():
+    """Eager on two layers, SDPA (on the float mask) elsewhere: the same logits and the same
+    weights of those layers as eager in every layer, on a right-padded batch; then sdpa again."""
+    from spec_core.reference.vlm.train import attention_weights_of
+
+    samples = [hires.make_sample(i, t, 0, "train") for i in range(3) for t in ("captioning", "multi_turn")]
+    tok, proc = _processor(samples)
+    size = PRESETS["tiny-hires"]
+    pool = TaskPool.build(samples, proc, size.n_image_tokens)
+    batch = pool.batch("multi_turn", 3, np.random.default_rng(0))
+    assert not bool(batch["attention_mask"].all())  # padded
+    model = build_vlm(size, tok, 0).eval()
+    layers = focus_layers(model.config.text_config.num_hidden_layers, 2)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        ref = model(**batch, output_attentions=True)
+    model.set_attn_implementation("sdpa")
+    with attention_weights_of(model, layers), torch.no_grad():
+        out = model(**batch, output_attentions=True)
+    assert len(out.attentions) == len(layers)
+    for i, layer in enumerate(layers):
+        torch.testing.assert_close(out.attentions[i], ref.attentions[layer], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out.logits, ref.logits, atol=1e-4, rtol=1e-4)
+    assert model.config._attn_implementation == "sdpa"
+    assert all(m.config._attn_implementation == "sdpa" for m in model.modules()
+               if type(m).__name__.endswith("Attention"))
 
 
 def test_training_with_focus_teaches_the_heads_to_read_the_panel_and_keeps_sdpa_for_the_saved_model():
