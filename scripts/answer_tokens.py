@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from spec_core.reference import hires  # noqa: E402
 from spec_core.reference import tasks as small  # noqa: E402
 from spec_core.reference.vlm.build import load_target  # noqa: E402
-from spec_core.reference.vlm.data import IGNORE, decode_png, encode_conversation  # noqa: E402
+from spec_core.reference.vlm.data import answer_runs, decode_png, encode_conversation  # noqa: E402
 from spec_core.reference.vlm.model import image_inputs  # noqa: E402
 from spec_core.reference.vocab import COLOUR_NAMES, SHAPES, WORDS  # noqa: E402
 
@@ -37,17 +37,14 @@ CONTENT = frozenset(SHAPES) | frozenset(COLOUR_NAMES) | frozenset(WORDS)
 
 
 def token_kinds(tok, ids: list[int], labels: list[int]) -> list[tuple[int, str]]:
-    """(position predicting it, kind) of every answer token; the question is what precedes the
-    first answer token."""
-    first = next(i for i, y in enumerate(labels) if y != IGNORE)
-    question = set(ids[:first])
+    """(position predicting it, kind) of every answer token (`answer_runs`' positions, the focus
+    loss's own); the question is what precedes the first answer."""
+    runs = [q for run in answer_runs(labels) for q in run]
+    question = set(ids[: runs[0] + 1]) if runs else set()
     out = []
-    for i in range(first, len(ids)):
-        if labels[i] == IGNORE:
-            continue
-        word = tok.decode([ids[i]]).strip().lower()
-        kind = "other" if word not in CONTENT else ("copied" if ids[i] in question else "read")
-        out.append((i - 1, kind))
+    for q in runs:
+        word = tok.decode([ids[q + 1]]).strip().lower()
+        out.append((q, "other" if word not in CONTENT else ("copied" if ids[q + 1] in question else "read")))
     return out
 
 
@@ -64,10 +61,12 @@ def main() -> None:
     tok = proc.tokenizer
     image_id = tok.convert_tokens_to_ids(proc.image_token)
     right, total = defaultdict(int), defaultdict(int)
+    K = None  # placeholders per image: every image of a world has the same size
     for task in args.tasks:
         for s in world.make_split(task, args.per_task, args.seed, "eval"):
             image = decode_png(s["image_png"])
-            K = int(proc(text=proc.image_token, images=image, return_tensors="pt")["input_ids"].eq(image_id).sum())
+            if K is None:  # as the processor expands them
+                K = int(proc(text=proc.image_token, images=image, return_tensors="pt")["input_ids"].eq(image_id).sum())
             ids, labels = encode_conversation(tok, list(s["conversation"]), K)
             with torch.no_grad():
                 pred_T = model(input_ids=torch.tensor([ids]), **image_inputs(proc, [image])).logits[0].argmax(-1)
