@@ -31,9 +31,7 @@ from spec_core.reference import tasks as small  # noqa: E402
 from spec_core.reference.vlm.build import load_target  # noqa: E402
 from spec_core.reference.vlm.data import answer_runs, decode_png, encode_conversation  # noqa: E402
 from spec_core.reference.vlm.model import image_inputs  # noqa: E402
-from spec_core.reference.vocab import COLOUR_NAMES, SHAPES, WORDS  # noqa: E402
-
-CONTENT = frozenset(SHAPES) | frozenset(COLOUR_NAMES) | frozenset(WORDS)
+from spec_core.reference.vocab import CONTENT_WORDS  # noqa: E402
 
 
 def token_kinds(tok, ids: list[int], labels: list[int]) -> list[tuple[int, str]]:
@@ -44,7 +42,7 @@ def token_kinds(tok, ids: list[int], labels: list[int]) -> list[tuple[int, str]]
     out = []
     for q in runs:
         word = tok.decode([ids[q + 1]]).strip().lower()
-        out.append((q, "other" if word not in CONTENT else ("copied" if ids[q + 1] in question else "read")))
+        out.append((q, "other" if word not in CONTENT_WORDS else ("copied" if ids[q + 1] in question else "read")))
     return out
 
 

@@ -94,3 +94,7 @@ WORDS: tuple[str, ...] = (
     "yarn", "zebra", "zipper", "zoo",
 )
 WORD_INDEX: dict[str, int] = {w: i for i, w in enumerate(WORDS)}
+
+# Words a question names and its answer repeats ("What colour is the cross ..." -> "The cross ...
+# is blue"), or that an answer reads from the image: shapes, colours, sign words.
+CONTENT_WORDS: frozenset[str] = frozenset(SHAPES) | frozenset(COLOUR_NAMES) | frozenset(WORDS)

@@ -26,14 +26,16 @@ def tile_of_tokens(side: int) -> np.ndarray:
     return np.array(tiles)
 
 
-def region_tokens(regions: list[list[int]], side: int) -> list[np.ndarray]:
-    """Per turn, the visual-token indices of the panels its answer reads (the sample's `regions`);
-    empty where a turn reads every panel (a caption: nothing to single out)."""
+def region_tokens(regions: list[list[int]], side: int) -> list[np.ndarray | list[np.ndarray]]:
+    """Per turn, the visual-token indices of the panels its answer reads (the sample's `regions`).
+    A turn that reads every panel (a caption) instead gets one entry per sentence of its answer:
+    nothing for the opening sentence, then panel p's tokens for the sentence about panel p (a
+    caption describes the panels in reading order, `hires.tasks.caption`)."""
     tiles_K = tile_of_tokens(side)
-    out = []
+    out: list[np.ndarray | list[np.ndarray]] = []
     for panels in regions:
         if len(set(panels)) >= PANELS * PANELS:
-            out.append(np.zeros(0, dtype=np.int64))
+            out.append([np.zeros(0, dtype=np.int64)] + [np.flatnonzero(tiles_K == p) for p in range(PANELS * PANELS)])
         else:
             out.append(np.flatnonzero(np.isin(tiles_K, list(panels))))
     return out

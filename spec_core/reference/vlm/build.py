@@ -17,6 +17,7 @@ from spec_core.reference import hires
 from spec_core.reference import tasks as small
 from spec_core.reference.hires.layout import sample_region_tokens
 from spec_core.reference.tasks import TASKS, corpus_texts
+from spec_core.reference.vocab import CONTENT_WORDS
 from spec_core.reference.vlm.data import TaskPool
 from spec_core.reference.vlm.evaluate import call_cost, quality
 from spec_core.reference.vlm.model import PRESETS, build_processor, build_vlm
@@ -59,7 +60,8 @@ def build_target(preset: str, out_dir: str, seed: int = 0, samples: list[dict] |
     focus = None
     if size.anyres and tcfg.focus_weight > 0:  # hires: each answer's panels, for `focus_loss`
         focus = partial(sample_region_tokens, side=size.image_size // size.patch)
-    pool = TaskPool.build(samples, processor, size.n_image_tokens, focus=focus)
+    copy_words = CONTENT_WORDS if tcfg.copy_weight > 0 else None  # hires: for the copy loss
+    pool = TaskPool.build(samples, processor, size.n_image_tokens, focus=focus, copy_words=copy_words)
     metrics.update(train_vlm(model, pool, tcfg, log=log, progress=progress))
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)

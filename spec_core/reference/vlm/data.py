@@ -62,16 +62,74 @@ def answer_runs(labels: list[int]) -> list[list[int]]:
     return runs
 
 
-def focus_pairs(ids: list[int], labels: list[int], image_id: int, keys_per_turn: list[np.ndarray],
+def sentence_runs(ids: list[int], run: list[int], stop_id: int) -> list[list[int]]:
+    """One turn's answer positions (`answer_runs`) split into sentences: a sentence ends at the
+    position predicting `stop_id` (the full stop); what predicts the turn's end stands alone."""
+    out: list[list[int]] = [[]]
+    for q in run:
+        out[-1].append(q)
+        if ids[q + 1] == stop_id:
+            out.append([])
+    return [s for s in out if s]
+
+
+def focus_pairs(ids: list[int], labels: list[int], image_id: int,
+                keys_per_turn: list[np.ndarray | list[np.ndarray]], stop_id: int | None = None,
                 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(query positions, key positions) per turn that has keys: the positions predicting the
     turn's answer, and the image tokens it reads (`keys_per_turn`: indices among the image's
-    placeholders, one entry per assistant turn)."""
+    placeholders, one entry per assistant turn). An entry may be a list, one array per sentence
+    of the answer (`sentence_runs` at `stop_id`; a caption reads one panel per sentence)."""
     runs = answer_runs(labels)
     if len(runs) != len(keys_per_turn):
         raise ValueError(f"{len(runs)} assistant turns but regions for {len(keys_per_turn)}")
     start = ids.index(image_id)
-    return [(np.array(q), start + k) for q, k in zip(runs, keys_per_turn) if len(k)]
+    out = []
+    for run, keys in zip(runs, keys_per_turn):
+        if not isinstance(keys, list):
+            out += [(np.array(run), start + keys)] if len(keys) else []
+            continue
+        if stop_id is None:
+            raise ValueError("per-sentence regions need the full stop's token id (stop_id)")
+        sentences = sentence_runs(ids, run, stop_id)
+        if len(sentences) not in (len(keys), len(keys) + 1):  # + what predicts the turn's end
+            raise ValueError(f"an answer of {len(sentences)} sentences but regions for {len(keys)}")
+        out += [(np.array(q), start + k) for q, k in zip(sentences, keys) if len(k)]
+    return out
+
+
+def content_token_ids(tok: PreTrainedTokenizerFast, words: frozenset[str]) -> frozenset[int]:
+    """Ids of the tokens that read as one of `words` (spaces and case aside)."""
+    return frozenset(i for i in range(len(tok)) if tok.decode([i]).strip().lower() in words)
+
+
+def copy_pairs(ids: list[int], labels: list[int], content_ids: frozenset[int],
+               ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(query position, key positions) per answer token that repeats a content token of its own
+    turn's question ("... the colour of the cross?" -> "The cross ..."): the position predicting
+    it, and where the question holds that token (the question of turn t: what lies between turn
+    t-1's answer and turn t's)."""
+    out = []
+    begin = 0
+    for run in answer_runs(labels):
+        question = ids[begin: run[0] + 1]
+        for q in run:
+            token = ids[q + 1]
+            if token in content_ids:
+                keys = [begin + i for i, t in enumerate(question) if t == token]
+                if keys:
+                    out.append((np.array([q]), np.array(keys)))
+        begin = run[-1] + 2
+    return out
+
+
+def pair_mask(pairs: list[list[tuple[np.ndarray, np.ndarray]]], width: int) -> torch.Tensor:
+    """(B, T, T) bool: row b holds True at (query, key) of each of its (queries, keys) pairs."""
+    mask_BTT = torch.zeros((len(pairs), width, width), dtype=torch.bool)
+    for b, row in enumerate(pairs):
+        for q, k in row:
+            mask_BTT[b, torch.from_numpy(q)[:, None], torch.from_numpy(k)[None, :]] = True
+    return mask_BTT
 
 
 @dataclass
@@ -79,17 +137,23 @@ class TaskPool:
     """Pre-encoded training examples, batched by task so that padding stays small; the image side
     is held once per distinct image (the hires world asks six questions of each). With `focus`,
     each example also lists, per answer, the image tokens it should read (the hires world's
-    region panels) and batches carry them as `focus_BTT` (query position x key position)."""
+    region panels) and batches carry them as `focus_BTT` (query position x key position); with
+    `copy_words`, each answer token that repeats one of those words from its question reads
+    where the question holds it (`copy_pairs`), as `copy_BTT`."""
 
     images: dict[str, torch.Tensor]       # pixel_values (N, C, H, W) or (N, V, C, H, W) [+ image_sizes (N, 2)]
     examples: dict[str, list[tuple[int, list[int], list[int]]]]  # task -> (image row, ids, labels)
     pad_id: int
     focus: dict[str, list[list[tuple[np.ndarray, np.ndarray]]]] | None = None  # task -> per example
+    copy: dict[str, list[list[tuple[np.ndarray, np.ndarray]]]] | None = None   # task -> per example
 
     @classmethod
     def build(cls, samples: list[dict], processor, n_image_tokens: int,
-              focus: Callable[[dict], list[np.ndarray]] | None = None) -> TaskPool:
-        """`focus(sample)`: per assistant turn, the indices of the image tokens its answer reads."""
+              focus: Callable[[dict], list[np.ndarray | list[np.ndarray]]] | None = None,
+              copy_words: frozenset[str] | None = None) -> TaskPool:
+        """`focus(sample)`: per assistant turn, the indices of the image tokens its answer reads
+        (or a list of them, one per sentence: `focus_pairs`);
+        `copy_words`: the words whose repetitions from the question are taught (`copy_pairs`)."""
         rows: dict[str, int] = {}
         pngs = []
         for s in samples:
@@ -99,13 +163,19 @@ class TaskPool:
         images = image_inputs(processor, [decode_png(b) for b in pngs])
         ex: dict[str, list] = {}
         foc: dict[str, list] = {}
+        cop: dict[str, list] = {}
         image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
+        content = content_token_ids(processor.tokenizer, copy_words) if copy_words else frozenset()
+        stop_id = processor.tokenizer.convert_tokens_to_ids(".")  # the full stop, for per-sentence focus
         for s in samples:
             ids, labels = encode_conversation(processor.tokenizer, list(s["conversation"]), n_image_tokens)
             ex.setdefault(s["task"], []).append((rows[s["image_sha256"]], ids, labels))
             if focus is not None:
-                foc.setdefault(s["task"], []).append(focus_pairs(ids, labels, image_id, focus(s)))
-        return cls(images, ex, processor.tokenizer.pad_token_id, foc if focus is not None else None)
+                foc.setdefault(s["task"], []).append(focus_pairs(ids, labels, image_id, focus(s), stop_id))
+            if copy_words:
+                cop.setdefault(s["task"], []).append(copy_pairs(ids, labels, content))
+        return cls(images, ex, processor.tokenizer.pad_token_id, foc if focus is not None else None,
+                   cop if copy_words else None)
 
     def batch(self, task: str, size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """A random right-padded training batch of one task."""
@@ -124,9 +194,7 @@ class TaskPool:
         out = {"input_ids": ids_BT, "attention_mask": mask_BT, "labels": labels_BT,
                **{k: v[rows] for k, v in self.images.items()}}
         if self.focus is not None:
-            focus_BTT = torch.zeros((size, width, width), dtype=torch.bool)
-            for b, j in enumerate(js):
-                for q, k in self.focus[task][j]:
-                    focus_BTT[b, torch.from_numpy(q)[:, None], torch.from_numpy(k)[None, :]] = True
-            out["focus_BTT"] = focus_BTT
+            out["focus_BTT"] = pair_mask([self.focus[task][j] for j in js], width)
+        if self.copy is not None:
+            out["copy_BTT"] = pair_mask([self.copy[task][j] for j in js], width)
         return out

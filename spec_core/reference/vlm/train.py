@@ -47,6 +47,11 @@ class VLMTrainConfig:
     focus_weight: float = 0.0
     focus_layers: int = 2
     focus_heads: int = 2
+    # hires: an answer word that repeats a content word of its question (a shape, a colour, a sign
+    # word) is taught to read it there: one head (the one after the focus heads) of the layer
+    # before the focus layers, so the reads of the panel that follow know what they look for
+    # (weight; 0 = off; see `copy_pairs`)
+    copy_weight: float = 0.0
 
 
 TRAIN_PRESETS = {
@@ -59,8 +64,16 @@ TRAIN_PRESETS = {
     # taught to read the panels each answer reads (`focus_loss`). Measured on a 4-layer proxy on
     # sign questions (1000 images, 1500 steps): held-out exact match 0.08 -> 0.28, the held-out
     # answers' attention on their panel 0.08 -> 0.63 (0.998 in training: with 1000 images the
-    # routing memorises too, hence 8000 images, each (image, question) seen ~1.2 times)
-    "hires": VLMTrainConfig(train_per_task=8000, focus_weight=1.0),
+    # routing memorises too, hence 8000 images, each (image, question) seen ~1.2 times).
+    # And the first focus build never learnt to copy a content word from the question ("the colour
+    # of the cross" -> "The square ..."; 0.08-0.16 of them, train split too): at the answer its
+    # heads gave the question's word 0.00-0.02 of their attention, the image tokens 0.3-1.0 (the
+    # small target: 0.4-0.5 in one head of each of layers 1-4). So one head is taught to copy
+    # (`copy_weight`). Measured on a 4-layer proxy from scratch (general + text VQA, 2000 images,
+    # 1500 steps): copied words 0.16 -> 1.00 (general), 0.13 -> 0.47 (text, sign words); the same
+    # loss on the trained 10-layer target for 400 more steps: no change (0.21), the head's output
+    # never carried the word - it has to be there from the start
+    "hires": VLMTrainConfig(train_per_task=8000, focus_weight=1.0, copy_weight=1.0),
 }
 # tiny-hires stays untaught: 30 steps of focus made its answers end at once, and the decoding tests
 # on it need multi-token drafts and answers that run to their length (the focus path is tested
@@ -91,10 +104,16 @@ def focus_layers(n_layers: int, k: int) -> list[int]:
     return list(range(first, first + k))
 
 
-def focus_loss(attentions: tuple[torch.Tensor, ...], focus_BTT: torch.Tensor, heads: int) -> torch.Tensor:
+def copy_layer(n_layers: int, focus_k: int) -> int:
+    """The layer before the `focus_layers` (the first layer if they start there)."""
+    return max(focus_layers(n_layers, focus_k)[0] - 1, 0)
+
+
+def focus_loss(attentions: tuple[torch.Tensor, ...], focus_BTT: torch.Tensor, heads: int,
+               first: int = 0) -> torch.Tensor:
     """-log of the attention mass that each focused query position gives its keys, averaged over
-    those positions, the first `heads` heads and the supervised layers (attentions: per supervised
-    layer (B, H, T, T)).
+    those positions, heads `first` .. `first + heads - 1` and the supervised layers (attentions:
+    per supervised layer (B, H, T, T)).
 
     Why: a hires answer is read from one or two of nine tiles whose tokens are scattered over 172
     placeholders (`spec_core.reference.hires.layout`), and trained on the answer tokens alone a
@@ -107,7 +126,7 @@ def focus_loss(attentions: tuple[torch.Tensor, ...], focus_BTT: torch.Tensor, he
         return attentions[0].new_zeros(())
     total = attentions[0].new_zeros(())
     for attn_BHTT in attentions:
-        mass_BHT = (attn_BHTT[:, :heads] * focus_BTT[:, None]).sum(-1)
+        mass_BHT = (attn_BHTT[:, first: first + heads] * focus_BTT[:, None]).sum(-1)
         total = total - (mass_BHT.clamp_min(1e-6).log() * q_BT[:, None]).sum() / (n * mass_BHT.shape[1])
     return total / len(attentions)
 
@@ -153,24 +172,35 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
     model.train()
     if cfg.freeze_tower:
         tower.eval()
+    n_layers = model.config.text_config.num_hidden_layers
     focus = cfg.focus_weight > 0 and pool.focus is not None
-    layers = focus_layers(model.config.text_config.num_hidden_layers, cfg.focus_layers) if focus else []
+    copying = cfg.copy_weight > 0 and pool.copy is not None
+    f_layers = focus_layers(n_layers, cfg.focus_layers) if focus else []
+    c_layers = [copy_layer(n_layers, cfg.focus_layers)] if copying else []
+    c_head = min(cfg.focus_heads, model.config.text_config.num_attention_heads - 1)
+    layers = sorted(set(f_layers) | set(c_layers))  # `out.attentions` holds these, in this order
     t0 = time.perf_counter()
     recent: list[float] = []
     recent_focus: list[float] = []
+    recent_copy: list[float] = []
     it = progress(range(cfg.steps), total=cfg.steps, desc="vlm stage 2") if progress else range(cfg.steps)
-    # the focus layers' attention weights; the saved model keeps its own attention
-    with attention_weights_of(model, layers) if focus else nullcontext():
+    # the supervised layers' attention weights; the saved model keeps its own attention
+    with attention_weights_of(model, layers) if layers else nullcontext():
         for step in it:
             task = tasks[rng.choice(len(tasks), p=weights)]
             batch = pool.batch(task, cfg.batch, rng)
             focus_BTT = batch.pop("focus_BTT", None)
-            out = model(**batch, output_attentions=focus)
+            copy_BTT = batch.pop("copy_BTT", None)
+            out = model(**batch, output_attentions=bool(layers))
             loss = out.loss
             if focus:
-                f = focus_loss(out.attentions, focus_BTT, cfg.focus_heads)
+                f = focus_loss([out.attentions[layers.index(i)] for i in f_layers], focus_BTT, cfg.focus_heads)
                 loss = loss + cfg.focus_weight * f
                 recent_focus = (recent_focus + [f.item()])[-50:]
+            if copying:
+                c = focus_loss([out.attentions[layers.index(i)] for i in c_layers], copy_BTT, 1, first=c_head)
+                loss = loss + cfg.copy_weight * c
+                recent_copy = (recent_copy + [c.item()])[-50:]
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -180,10 +210,13 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
             if log and (step % 100 == 0 or step == cfg.steps - 1):
                 acc = answer_token_accuracy(out.logits.detach(), batch["labels"])
                 extra = f" focus {np.mean(recent_focus):.3f}" if recent_focus else ""
+                extra += f" copy {np.mean(recent_copy):.3f}" if recent_copy else ""
                 log(f"vlm step {step} task {task} loss {np.mean(recent):.3f} answer-token acc {acc:.3f}{extra}")
     model.eval()
     out = {"vlm_train_seconds": round(time.perf_counter() - t0, 1),
            "vlm_final_loss": round(float(np.mean(recent)), 4)}
     if recent_focus:
         out["vlm_final_focus_loss"] = round(float(np.mean(recent_focus)), 4)
+    if recent_copy:
+        out["vlm_final_copy_loss"] = round(float(np.mean(recent_copy)), 4)
     return out

@@ -34,12 +34,14 @@ def test_tile_of_every_token_is_where_llava_next_packs_that_tile(side):
     assert np.array_equal(tile_of_tokens(side), expected_K)
 
 
-def test_region_tokens_are_the_named_panels_tokens_and_nothing_for_a_whole_image_turn():
+def test_region_tokens_are_the_named_panels_tokens_and_a_panel_per_sentence_for_a_whole_image_turn():
     tiles_K = tile_of_tokens(4)
     got = region_tokens([[2], [0, 8], list(range(9))], 4)
     assert set(tiles_K[got[0]]) == {2} and len(got[0]) == 16
     assert set(tiles_K[got[1]]) == {0, 8} and len(got[1]) == 32
-    assert len(got[2]) == 0
+    opening, *per_panel = got[2]  # a caption: nothing for its opening, then panel by panel
+    assert len(opening) == 0 and len(per_panel) == 9
+    assert all(set(tiles_K[k]) == {p} and len(k) == 16 for p, k in enumerate(per_panel))
     s = make_sample(4, "multi_turn", 0, "eval")
     regions = mosaic_from_json(s["scene_json"])[1]
     per_turn = sample_region_tokens(s, 4)

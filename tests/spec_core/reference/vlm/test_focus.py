@@ -8,7 +8,7 @@ import torch
 
 from spec_core.reference import hires
 from spec_core.reference.hires.layout import sample_region_tokens, tile_of_tokens
-from spec_core.reference.hires.mosaic import mosaic_from_json
+from spec_core.reference.hires.mosaic import PANEL_NAMES, mosaic_from_json
 from spec_core.reference.tasks import corpus_texts
 from spec_core.reference.vlm.data import IGNORE, TaskPool, answer_runs, encode_conversation
 from spec_core.reference.vlm.model import PRESETS, build_processor, build_vlm
@@ -33,9 +33,18 @@ def test_a_batch_focuses_each_answer_on_the_tokens_of_the_panels_it_reads():
     size = PRESETS["tiny-hires"]
     side = size.image_size // size.patch
     pool = TaskPool.build(samples, proc, size.n_image_tokens, focus=lambda s: sample_region_tokens(s, side))
-    assert all(f == [] for f in pool.focus["captioning"])  # a caption reads every panel: no focus
-    b = pool.batch("multi_turn", 6, np.random.default_rng(1))
     tiles_K = tile_of_tokens(side)
+    # a caption reads every panel, one per sentence: "Top left: ..." reads the top left tile
+    stop_id = tok.convert_tokens_to_ids(".")
+    for (_, ids, _), pairs in zip(pool.examples["captioning"], pool.focus["captioning"]):
+        assert len(pairs) == 9
+        start = ids.index(tok.convert_tokens_to_ids("<image>"))
+        for p, (q, k) in enumerate(pairs):
+            sentence = tok.decode([ids[i + 1] for i in q]).strip()
+            assert sentence.lower().startswith(PANEL_NAMES[p] + ":") and sentence.endswith(".")
+            assert ids[q[-1] + 1] == stop_id and stop_id not in [ids[i + 1] for i in q[:-1]]
+            assert set(tiles_K[k - start]) == {p} and len(k) == side * side
+    b = pool.batch("multi_turn", 6, np.random.default_rng(1))
     image_id = tok.convert_tokens_to_ids("<image>")
     for row in range(6):
         ids = b["input_ids"][row].tolist()
@@ -141,14 +150,16 @@ def test_training_with_focus_teaches_the_heads_to_read_the_panel_and_keeps_sdpa_
 
 
 def test_a_hires_build_with_focus_trains_it_and_saves_an_sdpa_model(tmp_path, monkeypatch):
-    """build_target passes each sample's region tokens when the preset's focus weight is set."""
+    """build_target passes each sample's region tokens when the preset's focus weight is set, and
+    its question's content words when the copy weight is."""
     import dataclasses
 
     from spec_core.reference.vlm import build as build_mod
     from spec_core.reference.vlm.train import TRAIN_PRESETS
 
-    preset = dataclasses.replace(TRAIN_PRESETS["tiny-hires"], focus_weight=1.0, steps=4, train_per_task=2)
+    preset = dataclasses.replace(TRAIN_PRESETS["tiny-hires"], focus_weight=1.0, copy_weight=1.0,
+                                 steps=4, train_per_task=2)
     monkeypatch.setitem(build_mod.TRAIN_PRESETS, "tiny-hires", preset)
     metrics = build_mod.build_target("tiny-hires", str(tmp_path), seed=0)
-    assert metrics["vlm_final_focus_loss"] > 0
+    assert metrics["vlm_final_focus_loss"] > 0 and metrics["vlm_final_copy_loss"] > 0
     assert build_mod.load_target(str(tmp_path))[0].config._attn_implementation == "sdpa"
