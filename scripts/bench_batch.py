@@ -99,6 +99,8 @@ def main() -> None:
     ap.add_argument("--grid-max-new", type=int, default=96)
     ap.add_argument("--grid-batch", action="append", type=int, default=[],
                     help="grid batch sizes (default 1, 2, 4, 8, 16); --batch sets part 1's")
+    ap.add_argument("--line-cost", action="store_true",
+                    help="grid: also goodput (40) with the verify cost as one forgetting line (no band curve), to compare")
     ap.add_argument("--eager-drafter", action="store_true",
                     help="grid: also goodput with the drafter fed at every AR step (no deferral), to compare")
     args = ap.parse_args()
@@ -164,6 +166,11 @@ def grid(adapter, processor, args) -> None:
                 label = tname.replace("40", str(m["budget"])) if "budget" in m else tname  # the budget run
                 engines[(name, label)] = DecodeEngine(adapter, m.get("drafter"), batch_size=b, capacity=cap, tree=tree,
                                                       eos_token_ids=eos, proposer=m.get("proposer"))
+                if args.line_cost and tname == "goodput (40)":  # the band curve's worth
+                    line = DecodeEngine(adapter, m.get("drafter"), batch_size=b, capacity=cap, tree=tree,
+                                        eos_token_ids=eos, proposer=m.get("proposer"))
+                    line.policy.cost.curve = None
+                    engines[(name, "goodput line")] = line
                 if args.eager_drafter and "drafter" in m and tname == "goodput (40)":  # the deferral's worth
                     engines[(name, "goodput eager")] = DecodeEngine(
                         adapter, m["drafter"], batch_size=b, capacity=cap, tree=tree, eos_token_ids=eos,
@@ -195,7 +202,8 @@ def grid(adapter, processor, args) -> None:
                           f"predicted {st['observed_accepted'] / max(st['predicted_accepted'], 1e-9):.2f}, verify "
                           f"{st['verify_ms_intercept']:.2f} + {st['verify_ms_per_token']:.3f} ms/token, draft "
                           f"{st['draft_ms_per_depth']:.2f} ms/depth, commit extra {st['commit_extra_ms']:.2f} ms, "
-                          f"every step {st['step_overhead_ms']:.2f} ms")
+                          f"every step {st['step_overhead_ms']:.2f} ms\n{'':27s}verify curve (tokens:ms) "
+                          f"{st['verify_curve']}")
             print(f"  {key[0]:10s} {key[1]:14s} throughput vs AR: median {statistics.median(ratios):.2f}x "
                   f"(min-time {min(ar) / min(t):.2f}x){nodes}")
 

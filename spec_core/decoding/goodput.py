@@ -14,8 +14,11 @@ by descending draft score, a proposer's in topological order), so truncating to 
 planned long-run rate: N maximises tokens - rate x seconds); N = 0 is a plain AR step. Losslessness is
 untouched: any tree is verified by the target's own rule; only the tree's size changes.
 
-- `CostModel`: t_verify(T) = a + b T, a least-squares fit over measured (tokens, seconds) with
-  exponential forgetting (calibrated when an engine starts, refreshed by every step), the
+- `CostModel`: t_verify(T), measured (tokens, seconds) of every verify (calibrated when an engine
+  starts, refreshed by every step): the policy's a monotone curve kept per token band
+  (`cost_curve.BandCurve`: the cost is concave in T on a CPU, and a line fitted with forgetting over
+  the small trees a policy has been choosing overstates what larger ones add), beside a line
+  a + b T with exponential forgetting (the slope beyond the measured bands; the reports), the
   drafter's seconds per depth, and what committing a verified tree costs beyond an AR step's commit
   (t_commit(N > 0) - t_commit(0): moving accepted KV, feeding the accepted tokens to a feature
   drafter, which an AR step defers) - exponential moving averages. Where the drafter costs as much
@@ -37,6 +40,8 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+
+from spec_core.decoding.cost_curve import BandCurve
 
 _BUCKETS = 10          # confidence buckets [0, .1), ..., [.9, 1]
 _PRIOR_WEIGHT = 4.0    # pseudo-observations behind each bucket's prior
@@ -92,8 +97,9 @@ class LineFit:
 
 @dataclass
 class CostModel(LineFit):
-    """Seconds of a verification forward over T tokens (all slots): a + b T (the LineFit), and of
-    drafting: seconds per depth as a line in the rows the drafter expands (slots x width)."""
+    """Seconds of a verification forward over T tokens (all slots): a + b T (the LineFit), or with
+    `curve` the band curve once two bands are measured, and of drafting: seconds per depth as a line
+    in the rows the drafter expands (slots x width)."""
 
     draft_per_depth: float = 0.0   # seconds of one drafting depth (EMA over every width); 0: not measured yet
     draft_step: float = 0.0        # seconds of a whole draft (EMA over drafting steps); 0: not measured yet
@@ -102,9 +108,26 @@ class CostModel(LineFit):
     draft_fit: LineFit = field(default_factory=LineFit)  # seconds per depth vs expanded rows
     overhead: float = -1.0         # seconds of a step outside drafting, verifying and the commit extra (EMA); < 0: not yet
     ar: dict[int, float] = field(default_factory=dict)    # rows -> seconds of a verify without nodes (EMA)
+    curve: BandCurve | None = None  # a monotone curve per token band (cost_curve); None: the line alone
 
-    def verify_s(self, tokens: int) -> float:
+    def observe(self, x: float, seconds: float) -> None:
+        super().observe(x, seconds)
+        if self.curve is not None:
+            self.curve.observe(x, seconds)
+
+    def verify_s(self, tokens: float | torch.Tensor) -> float | torch.Tensor:
+        """Seconds of verifying `tokens` tokens (a number or a tensor of them): the curve once two
+        token bands have been measured, else the line."""
+        if self.curve is not None and self.curve.bands >= 2:
+            return self.curve.at(tokens, slope=self.coefficients()[1])
         return self.at(tokens)
+
+    def describe_curve(self) -> str:
+        """The band curve as 'tokens:ms' points ('' where there is none yet)."""
+        if self.curve is None or self.curve.bands < 2:
+            return ""
+        x_K, y_K = self.curve.points()
+        return " ".join(f"{x:.0f}:{1e3 * y:.2f}" for x, y in zip(x_K.tolist(), y_K.tolist()))
 
     def observe_ar(self, rows: int, seconds: float, alpha: float = 0.2) -> None:
         """A verify of the roots alone (an AR step, or a tree truncated to no node)."""
@@ -119,7 +142,7 @@ class CostModel(LineFit):
         measured above it says the line misses the curve at few tokens, which small trees share,
         so AR keeps the line (measured at batch 16 with an 80-node budget: taking the measured AR
         there drafted 1.4 nodes per step and lost 18% to AR)."""
-        line = self.at(rows)
+        line = self.verify_s(rows)
         return min(self.ar.get(rows, line), line)
 
     def observe_draft(self, depth: int, seconds: float, rows: int = 0, alpha: float = 0.2) -> None:
@@ -228,11 +251,12 @@ def choose_nodes(p_BN: torch.Tensor, active_B: torch.Tensor, rows: int, cost: Co
     gain = p_BN[active].sum(0).cumsum(0).tolist() if n_max else []  # expected accepted drafts, first N nodes
     n_active = int(active.sum())
     extra, other = cost.commit_extra(), cost.overhead_s()
-    a, b = cost.coefficients()  # t_verify(T) = a + b T, read once (a step's choice must cost little)
+    # t_verify of every candidate at once (a step's choice must cost little)
+    verify = cost.verify_s(torch.arange(2, n_max + 2, dtype=torch.float64) * rows).tolist() if n_max else []
     rates, net = [], []
     for n in range(n_max + 1):
         value = n_active + (gain[n - 1] if n else 0.0)
-        seconds = other + (draft_s + extra + a + b * rows * (1 + n) if n else cost.ar_s(rows))
+        seconds = other + (draft_s + extra + verify[n - 1] if n else cost.ar_s(rows))
         rates.append(value / seconds if seconds > 0 else math.inf * (value > 0))
         if rate is not None:
             net.append(value - rate * seconds)
@@ -280,7 +304,8 @@ class GoodputPolicy:
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
                  explore_share: float = 0.02, learn_every: int = 4):
-        self.cost, self.acceptance = CostModel(), AcceptanceModel(max_nodes=0 if depth_scaled else budget)
+        self.cost = CostModel(curve=BandCurve())
+        self.acceptance = AcceptanceModel(max_nodes=0 if depth_scaled else budget)
         self.depth_scaled = depth_scaled
         self.budget, self.depth, self.alpha = budget, depth, alpha
         self.width = width                     # None: the draft's width is not the policy's to choose
@@ -348,11 +373,10 @@ class GoodputPolicy:
     def pause_limit(self, rows: int) -> int:
         """The longest pause between probes: max_pause, or as many AR steps as make one full-depth
         probe cost `probe_share` of them."""
-        a, b = self.cost.coefficients()
         ar = self.cost.ar_s(rows)
         draft = (self.depth * self.cost.draft_depth_s(rows * (self.width or 1)) if self.depth_scaled
                  else self.cost.draft_step)
-        probe = draft + self.cost.commit_extra() + a + b * rows * (1 + self.budget)
+        probe = draft + self.cost.commit_extra() + self.cost.verify_s(rows * (1 + self.budget))
         if ar <= 0:
             return self.max_pause
         return max(self.max_pause, math.ceil(probe / (self.probe_share * ar)))
@@ -363,17 +387,17 @@ class GoodputPolicy:
         A step's seconds count what every step pays besides its plan (`CostModel.overhead_s`): left
         out, a ratio prefers smaller trees (measured on two cores: 0.2-0.7 ms per step, 2-5% of a
         step - a small push towards the larger trees that fixed CPU trees showed to win)."""
-        a, b = self.cost.coefficients()  # t_verify(T) = a + b T, read once for every candidate
         other = self.cost.overhead_s()   # what any step pays besides its plan's own seconds
-        fixed = other + self.cost.commit_extra() + a + b * rows  # any drafting step, besides its depth and nodes
+        fixed = other + self.cost.commit_extra()  # any drafting step, besides its depth and verification
         ar_rate = n_active / max(other + self.cost.ar_s(rows), 1e-12)
         n_N, w_N, d_D1 = self._grid
+        verify_N = self.cost.verify_s(rows * (1 + n_N))  # every candidate's verification at once
         if self.depth_scaled:
             per_depth_N = self.cost.draft_depth_s(rows * w_N)  # a tensor (the fit) or a float (the mean)
             V_DN, draft_DN = self._V, d_D1 * per_depth_N
         else:  # the whole draft or none: the deepest curve at a whole draft's seconds
             V_DN, draft_DN = self._V[-1:], self.cost.draft_step
-        rate_DN = n_active * (1 + V_DN) / (draft_DN + fixed + b * rows * n_N)
+        rate_DN = n_active * (1 + V_DN) / (draft_DN + fixed + verify_N)
         rate_DN[V_DN < 0] = -math.inf
         k = int(rate_DN.argmax())  # row-major: ties go to the shallower depth, then the fewer nodes
         self.rate = max(float(rate_DN.view(-1)[k]), ar_rate) / max(n_active, 1)  # per active slot
@@ -498,6 +522,7 @@ class GoodputPolicy:
         a, b = self.cost.coefficients()
         return {"steps": self.steps, "nodes": sum(self.chosen), "depth": sum(self.depths),  # additive
                 "predicted_accepted": self.predicted, "observed_accepted": self.accepted,
-                "verify_ms_intercept": 1e3 * a, "verify_ms_per_token": 1e3 * b,  # the current fit
+                "verify_ms_intercept": 1e3 * a, "verify_ms_per_token": 1e3 * b,  # the current line
+                "verify_curve": self.cost.describe_curve(),
                 "draft_ms_per_depth": 1e3 * self.cost.draft_per_depth,
                 "commit_extra_ms": 1e3 * self.cost.commit_extra(), "step_overhead_ms": 1e3 * self.cost.overhead_s()}

@@ -16,14 +16,15 @@ from transformers import AutoConfig, AutoProcessor, LlavaForConditionalGeneratio
 from spec_core.reference import hires
 from spec_core.reference import tasks as small
 from spec_core.reference.hires.layout import sample_region_tokens
+from spec_core.reference.hires.reads import sample_read_tokens
 from spec_core.reference.tasks import TASKS, corpus_texts
 from spec_core.reference.vocab import CONTENT_WORDS
 from spec_core.reference.vlm.data import TaskPool
 from spec_core.reference.vlm.evaluate import call_cost, quality
-from spec_core.reference.vlm.model import PRESETS, build_processor, build_vlm
+from spec_core.reference.vlm.model import PRESETS, VLMSize, build_processor, build_vlm
 from spec_core.reference.vlm.perception import init_projector, train_perception
 from spec_core.reference.vlm.tokenizer import train_tokenizer
-from spec_core.reference.vlm.train import TRAIN_PRESETS, train_vlm
+from spec_core.reference.vlm.train import TRAIN_PRESETS, VLMTrainConfig, train_vlm
 
 TOKENIZER_VOCAB = 1024
 
@@ -38,6 +39,17 @@ def world_of(preset: str):
 def train_samples(preset: str, seed: int) -> list[dict]:
     n = TRAIN_PRESETS[preset].train_per_task
     return [s for task in TASKS for s in world_of(preset).make_split(task, n, seed, "train")]
+
+
+def task_pool(size: VLMSize, tcfg: VLMTrainConfig, samples: list[dict], processor) -> TaskPool:
+    """Stage 2's encoded samples, with what the hires losses teach where the config asks."""
+    focus = reads = None
+    if size.anyres and tcfg.focus_weight > 0:  # hires: each answer's panels, for `focus_loss`
+        focus = partial(sample_region_tokens, side=size.image_size // size.patch)
+        if tcfg.read_focus:  # ... narrowed to what shows each word the answer reads
+            reads = partial(sample_read_tokens, side=size.image_size // size.patch)
+    copy_words = CONTENT_WORDS if tcfg.copy_weight > 0 else None  # hires: for the copy loss
+    return TaskPool.build(samples, processor, size.n_image_tokens, focus=focus, copy_words=copy_words, reads=reads)
 
 
 def build_target(preset: str, out_dir: str, seed: int = 0, samples: list[dict] | None = None,
@@ -57,11 +69,7 @@ def build_target(preset: str, out_dir: str, seed: int = 0, samples: list[dict] |
     metrics.update(acc)
     init_projector(model.model.multi_modal_projector, heads)
     processor = build_processor(size, tok)
-    focus = None
-    if size.anyres and tcfg.focus_weight > 0:  # hires: each answer's panels, for `focus_loss`
-        focus = partial(sample_region_tokens, side=size.image_size // size.patch)
-    copy_words = CONTENT_WORDS if tcfg.copy_weight > 0 else None  # hires: for the copy loss
-    pool = TaskPool.build(samples, processor, size.n_image_tokens, focus=focus, copy_words=copy_words)
+    pool = task_pool(size, tcfg, samples, processor)
     metrics.update(train_vlm(model, pool, tcfg, log=log, progress=progress))
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)

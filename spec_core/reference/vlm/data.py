@@ -73,6 +73,27 @@ def sentence_runs(ids: list[int], run: list[int], stop_id: int) -> list[list[int
     return [s for s in out if s]
 
 
+def _segments(ids: list[int], labels: list[int], per_turn: list, stop_id: int | None, what: str) -> list[tuple]:
+    """(answer positions, entry) per turn, where a list entry is split over the answer's
+    sentences (`sentence_runs` at `stop_id`: one entry per sentence, what predicts the turn's end
+    may stand alone)."""
+    runs = answer_runs(labels)
+    if len(runs) != len(per_turn):
+        raise ValueError(f"{len(runs)} assistant turns but {what} for {len(per_turn)}")
+    out: list[tuple] = []
+    for run, entry in zip(runs, per_turn):
+        if not isinstance(entry, list):
+            out.append((run, entry))
+            continue
+        if stop_id is None:
+            raise ValueError(f"per-sentence {what} need the full stop's token id (stop_id)")
+        sentences = sentence_runs(ids, run, stop_id)
+        if len(sentences) not in (len(entry), len(entry) + 1):  # + what predicts the turn's end
+            raise ValueError(f"an answer of {len(sentences)} sentences but {what} for {len(entry)}")
+        out += list(zip(sentences, entry))
+    return out
+
+
 def focus_pairs(ids: list[int], labels: list[int], image_id: int,
                 keys_per_turn: list[np.ndarray | list[np.ndarray]], stop_id: int | None = None,
                 ) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -80,22 +101,41 @@ def focus_pairs(ids: list[int], labels: list[int], image_id: int,
     turn's answer, and the image tokens it reads (`keys_per_turn`: indices among the image's
     placeholders, one entry per assistant turn). An entry may be a list, one array per sentence
     of the answer (`sentence_runs` at `stop_id`; a caption reads one panel per sentence)."""
-    runs = answer_runs(labels)
-    if len(runs) != len(keys_per_turn):
-        raise ValueError(f"{len(runs)} assistant turns but regions for {len(keys_per_turn)}")
     start = ids.index(image_id)
-    out = []
-    for run, keys in zip(runs, keys_per_turn):
-        if not isinstance(keys, list):
-            out += [(np.array(run), start + keys)] if len(keys) else []
-            continue
-        if stop_id is None:
-            raise ValueError("per-sentence regions need the full stop's token id (stop_id)")
-        sentences = sentence_runs(ids, run, stop_id)
-        if len(sentences) not in (len(keys), len(keys) + 1):  # + what predicts the turn's end
-            raise ValueError(f"an answer of {len(sentences)} sentences but regions for {len(keys)}")
-        out += [(np.array(q), start + k) for q, k in zip(sentences, keys) if len(k)]
+    return [(np.array(q), start + k) for q, k in _segments(ids, labels, keys_per_turn, stop_id, "regions") if len(k)]
+
+
+def token_words(tok: PreTrainedTokenizerFast, ids: list[int]) -> list[str]:
+    """Per position, the whole word its token is part of (BPE pieces of one word joined: a
+    Metaspace token that starts with the word marker opens a word; punctuation stands alone)."""
+    pieces = tok.convert_ids_to_tokens(ids)
+    starts = [i for i, t in enumerate(pieces) if i == 0 or t.startswith("\u2581") or not t[:1].isalnum()
+              or not pieces[i - 1][-1:].isalnum()]
+    out: list[str] = []
+    for a, b in zip(starts, starts[1:] + [len(pieces)]):
+        out += ["".join(pieces[a:b]).lstrip("\u2581")] * (b - a)
     return out
+
+
+def read_pairs(ids: list[int], labels: list[int], image_id: int, words: list[str],
+               reads_per_turn: list[dict[str, np.ndarray] | list[dict[str, np.ndarray]]],
+               stop_id: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(query position, key positions) per answer token of a word the image shows where the turn
+    reads (`reads_per_turn`: per assistant turn, word -> indices among the image's placeholders,
+    or a list of them per sentence as in `focus_pairs`; `words`: `token_words` of ids): the
+    position predicting it, and the patches that show it."""
+    start = ids.index(image_id)
+    return [(np.array([q]), start + r[words[q + 1]]) for seg, r in _segments(ids, labels, reads_per_turn, stop_id, "reads")
+            for q in seg if words[q + 1] in r and len(r[words[q + 1]])]
+
+
+def sharpen(focus: list[tuple[np.ndarray, np.ndarray]], reads: list[tuple[np.ndarray, np.ndarray]],
+            ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Focus pairs where the positions that read a word (`read_pairs`) attend to its patches
+    instead of the whole region."""
+    taken = np.array([int(q[0]) for q, _ in reads], dtype=np.int64)
+    kept = [(q[~np.isin(q, taken)], k) for q, k in focus]
+    return [(q, k) for q, k in kept if len(q)] + reads
 
 
 def content_token_ids(tok: PreTrainedTokenizerFast, words: frozenset[str]) -> frozenset[int]:
@@ -150,9 +190,12 @@ class TaskPool:
     @classmethod
     def build(cls, samples: list[dict], processor, n_image_tokens: int,
               focus: Callable[[dict], list[np.ndarray | list[np.ndarray]]] | None = None,
-              copy_words: frozenset[str] | None = None) -> TaskPool:
+              copy_words: frozenset[str] | None = None,
+              reads: Callable[[dict], list[dict[str, np.ndarray] | list[dict[str, np.ndarray]]]] | None = None,
+              ) -> TaskPool:
         """`focus(sample)`: per assistant turn, the indices of the image tokens its answer reads
-        (or a list of them, one per sentence: `focus_pairs`);
+        (or a list of them, one per sentence: `focus_pairs`); `reads(sample)`: per turn, word ->
+        the image tokens that show it, where the focus narrows to them (`read_pairs`, `sharpen`);
         `copy_words`: the words whose repetitions from the question are taught (`copy_pairs`)."""
         rows: dict[str, int] = {}
         pngs = []
@@ -171,7 +214,11 @@ class TaskPool:
             ids, labels = encode_conversation(processor.tokenizer, list(s["conversation"]), n_image_tokens)
             ex.setdefault(s["task"], []).append((rows[s["image_sha256"]], ids, labels))
             if focus is not None:
-                foc.setdefault(s["task"], []).append(focus_pairs(ids, labels, image_id, focus(s), stop_id))
+                pairs = focus_pairs(ids, labels, image_id, focus(s), stop_id)
+                if reads is not None:
+                    words = token_words(processor.tokenizer, ids)
+                    pairs = sharpen(pairs, read_pairs(ids, labels, image_id, words, reads(s), stop_id))
+                foc.setdefault(s["task"], []).append(pairs)
             if copy_words:
                 cop.setdefault(s["task"], []).append(copy_pairs(ids, labels, content))
         return cls(images, ex, processor.tokenizer.pad_token_id, foc if focus is not None else None,

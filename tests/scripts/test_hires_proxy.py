@@ -1,0 +1,41 @@
+"""scripts/hires_proxy.py, in seconds: a stage-1 arm from scratch, then an arm that keeps its
+tokenizer, tower and projector (where stage 2 starts) and trains a new decoder with a --set override; both write their
+figures and a loadable LLaVA-NeXT model."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from spec_core.reference.vlm.build import load_target
+from tests.conftest import REPO
+
+SMALL = ["--images", "3", "--steps", "3", "--eval", "2", "--set", "batch=2"]
+
+
+def _run(*args: str) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    subprocess.run([sys.executable, "scripts/hires_proxy.py", *args], cwd=REPO, env=env, check=True,
+                   capture_output=True, text=True)
+    return json.loads(open(os.path.join(args[args.index("--out") + 1], "proxy.json")).read())
+
+
+def test_two_arms_share_a_tower_and_report_their_figures(tmp_path):
+    first = _run("--out", str(tmp_path / "a"), *SMALL, "--set", "vision_steps=5", "--set", "vision_pool=32")
+    assert "vision_acc_panel" in first["stage1"] and first["config"]["train"]["read_focus"] is False
+    second = _run("--out", str(tmp_path / "b"), "--tower", str(tmp_path / "a"), *SMALL, "--set", "read_focus=true",
+                  "--layers", "3")
+    assert "stage1" not in second and second["config"]["train"]["read_focus"] is True
+    for fig in (first, second):
+        assert {"exact_match_general_vqa", "exact_match_text_vqa", "region_dependence"} <= set(fig["quality"])
+        assert any(k.startswith("general_vqa/") for k in fig["answer_tokens"])
+    a, _ = load_target(str(tmp_path / "a"))
+    b, _ = load_target(str(tmp_path / "b"))
+    assert b.config.text_config.num_hidden_layers == 3
+    assert torch.equal(a.model.vision_tower.embeddings.patch_embedding.weight,  # kept (frozen in stage 2)
+                       b.model.vision_tower.embeddings.patch_embedding.weight)
+    bad = subprocess.run([sys.executable, "scripts/hires_proxy.py", "--out", str(tmp_path / "c"), "--set", "nope=1"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode != 0 and "VLMTrainConfig field" in bad.stderr
