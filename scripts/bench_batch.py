@@ -99,8 +99,8 @@ def main() -> None:
     ap.add_argument("--grid-max-new", type=int, default=96)
     ap.add_argument("--grid-batch", action="append", type=int, default=[],
                     help="grid batch sizes (default 1, 2, 4, 8, 16); --batch sets part 1's")
-    ap.add_argument("--line-cost", action="store_true",
-                    help="grid: also goodput (40) with the verify cost as one forgetting line (no band curve), to compare")
+    ap.add_argument("--band-curve", action="store_true",
+                    help="grid: also goodput (40) with the verify cost as a band curve (cost_curve), to compare")
     ap.add_argument("--eager-drafter", action="store_true",
                     help="grid: also goodput with the drafter fed at every AR step (no deferral), to compare")
     args = ap.parse_args()
@@ -144,6 +144,7 @@ def grid(adapter, processor, args) -> None:
     import statistics
 
     from spec_core.decoding import load_drafter
+    from spec_core.decoding.cost_curve import BandCurve
     from spec_core.decoding.proposers import DEFAULT_BUDGET, proposer_factory
 
     eos = adapter.model.generation_config.eos_token_id
@@ -166,11 +167,11 @@ def grid(adapter, processor, args) -> None:
                 label = tname.replace("40", str(m["budget"])) if "budget" in m else tname  # the budget run
                 engines[(name, label)] = DecodeEngine(adapter, m.get("drafter"), batch_size=b, capacity=cap, tree=tree,
                                                       eos_token_ids=eos, proposer=m.get("proposer"))
-                if args.line_cost and tname == "goodput (40)":  # the band curve's worth
-                    line = DecodeEngine(adapter, m.get("drafter"), batch_size=b, capacity=cap, tree=tree,
-                                        eos_token_ids=eos, proposer=m.get("proposer"))
-                    line.policy.cost.curve = None
-                    engines[(name, "goodput line")] = line
+                if args.band_curve and tname == "goodput (40)":  # the band curve's worth
+                    curved = DecodeEngine(adapter, m.get("drafter"), batch_size=b, capacity=cap, tree=tree,
+                                          eos_token_ids=eos, proposer=m.get("proposer"))
+                    curved.policy.cost.curve = BandCurve()
+                    engines[(name, "goodput curve")] = curved
                 if args.eager_drafter and "drafter" in m and tname == "goodput (40)":  # the deferral's worth
                     engines[(name, "goodput eager")] = DecodeEngine(
                         adapter, m["drafter"], batch_size=b, capacity=cap, tree=tree, eos_token_ids=eos,

@@ -13,6 +13,14 @@ explorations keep the large bands current - and the curve is the piecewise-linea
 the bands' means, made non-decreasing (pool-adjacent-violators, weighted by observations), with
 the caller's line slope beyond the observed bands.
 
+Measured (2026-12-03, 2 cores, `scripts/bench_batch.py --band-curve`, EAGLE-2-style at batch 1-8,
+median of 5 interleaved runs): with the curve the goodput policy verified more nodes (8.3 / 8.1
+per step at batch 1 / 2 against the line's 5.8 / 7.0) and ran 0.90 / 0.93 / 0.99 / 0.96x as fast
+as with the line at batch 1 / 2 / 4 / 8; so `GoodputPolicy(band_curve=False)` is the default. A
+likely reason, not tested: the machine's speed drifted within the run (verification 3x slower
+than on earlier days), and a band measured only by the rare explorations keeps an older, faster
+figure while the small bands follow: large trees look cheap.
+
 Shapes: K observed bands.
 """
 

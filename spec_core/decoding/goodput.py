@@ -14,11 +14,10 @@ by descending draft score, a proposer's in topological order), so truncating to 
 planned long-run rate: N maximises tokens - rate x seconds); N = 0 is a plain AR step. Losslessness is
 untouched: any tree is verified by the target's own rule; only the tree's size changes.
 
-- `CostModel`: t_verify(T), measured (tokens, seconds) of every verify (calibrated when an engine
-  starts, refreshed by every step): the policy's a monotone curve kept per token band
-  (`cost_curve.BandCurve`: the cost is concave in T on a CPU, and a line fitted with forgetting over
-  the small trees a policy has been choosing overstates what larger ones add), beside a line
-  a + b T with exponential forgetting (the slope beyond the measured bands; the reports), the
+- `CostModel`: t_verify(T) = a + b T, a least-squares fit over measured (tokens, seconds) with
+  exponential forgetting (calibrated when an engine starts, refreshed by every step) - or, with
+  `band_curve`, a monotone curve kept per token band (`cost_curve.BandCurve`, the line's slope
+  beyond the measured bands; measured slower than the line, so off by default), the
   drafter's seconds per depth, and what committing a verified tree costs beyond an AR step's commit
   (t_commit(N > 0) - t_commit(0): moving accepted KV, feeding the accepted tokens to a feature
   drafter, which an AR step defers) - exponential moving averages. Where the drafter costs as much
@@ -303,8 +302,11 @@ class GoodputPolicy:
 
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
-                 explore_share: float = 0.02, learn_every: int = 4):
-        self.cost = CostModel(curve=BandCurve())
+                 explore_share: float = 0.02, learn_every: int = 4, band_curve: bool = False):
+        # band_curve: verification seconds from `cost_curve.BandCurve` instead of the forgetting line
+        # alone - measured on 2 cores (2026-12-03, EAGLE-2-style, batch 1-8): it verified more nodes
+        # (8.1 against 7.0 per step at batch 2) but ran 0.97-0.90x as fast as the line, so it is off
+        self.cost = CostModel(curve=BandCurve() if band_curve else None)
         self.acceptance = AcceptanceModel(max_nodes=0 if depth_scaled else budget)
         self.depth_scaled = depth_scaled
         self.budget, self.depth, self.alpha = budget, depth, alpha
