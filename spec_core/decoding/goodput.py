@@ -304,8 +304,8 @@ class GoodputPolicy:
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
                  explore_share: float = 0.02, learn_every: int = 4, band_curve: bool = False):
         # band_curve: verification seconds from `cost_curve.BandCurve` instead of the forgetting line
-        # alone - measured on 2 cores (2026-12-03, EAGLE-2-style, batch 1-8): it verified more nodes
-        # (8.1 against 7.0 per step at batch 2) but ran 0.97-0.90x as fast as the line, so it is off
+        # alone - measured on 2 cores (2026-12-03, EAGLE-2-style, batch 1-16): it verified more nodes
+        # (8.1 against 7.0 per step at batch 2) but ran 0.90-0.99x as fast as the line, so it is off
         self.cost = CostModel(curve=BandCurve() if band_curve else None)
         self.acceptance = AcceptanceModel(max_nodes=0 if depth_scaled else budget)
         self.depth_scaled = depth_scaled
