@@ -305,7 +305,8 @@ class GoodputPolicy:
                  explore_share: float = 0.02, learn_every: int = 4, band_curve: bool = False):
         # band_curve: verification seconds from `cost_curve.BandCurve` instead of the forgetting line
         # alone - measured on 2 cores (2026-12-03, EAGLE-2-style, batch 1-16): it verified more nodes
-        # (8.1 against 7.0 per step at batch 2) but ran 0.90-0.99x as fast as the line, so it is off
+        # (8.1 against 7.0 per step at batch 2) but ran 0.90-0.99x as fast as the line; with the
+        # global scale (cost_curve) 0.96-1.01x at batch 1-8 - so it is off
         self.cost = CostModel(curve=BandCurve() if band_curve else None)
         self.acceptance = AcceptanceModel(max_nodes=0 if depth_scaled else budget)
         self.depth_scaled = depth_scaled

@@ -1,6 +1,6 @@
 """scripts/hires_proxy.py, in seconds: a stage-1 arm from scratch, then an arm that keeps its
 tokenizer, tower and projector (where stage 2 starts) and trains a new decoder with a --set override; both write their
-figures and a loadable LLaVA-NeXT model."""
+figures and a loadable LLaVA-NeXT model; scripts/hires_reads.py reports on one."""
 
 import json
 import os
@@ -36,6 +36,10 @@ def test_two_arms_share_a_tower_and_report_their_figures(tmp_path):
     assert b.config.text_config.num_hidden_layers == 3
     assert torch.equal(a.model.vision_tower.embeddings.patch_embedding.weight,  # kept (frozen in stage 2)
                        b.model.vision_tower.embeddings.patch_embedding.weight)
+    reads = subprocess.run([sys.executable, "scripts/hires_reads.py", str(tmp_path / "b"), "--per-task", "4"],
+                           cwd=REPO, capture_output=True, text=True, check=True)  # where reading fails, on arm b
+    report = json.loads(reads.stdout.strip().splitlines()[-1])
+    assert report["read_positions"] > 0 and len(report["mass_layer_head"]) == 3  # one row per layer
     bad = subprocess.run([sys.executable, "scripts/hires_proxy.py", "--out", str(tmp_path / "c"), "--set", "nope=1"],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode != 0 and "VLMTrainConfig field" in bad.stderr
