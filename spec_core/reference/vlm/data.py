@@ -179,13 +179,15 @@ class TaskPool:
     each example also lists, per answer, the image tokens it should read (the hires world's
     region panels) and batches carry them as `focus_BTT` (query position x key position); with
     `copy_words`, each answer token that repeats one of those words from its question reads
-    where the question holds it (`copy_pairs`), as `copy_BTT`."""
+    where the question holds it (`copy_pairs`), as `copy_BTT`; with `reads` too, the positions
+    predicting a word read from the image (`read_pairs`' queries), as `read_BT`."""
 
     images: dict[str, torch.Tensor]       # pixel_values (N, C, H, W) or (N, V, C, H, W) [+ image_sizes (N, 2)]
     examples: dict[str, list[tuple[int, list[int], list[int]]]]  # task -> (image row, ids, labels)
     pad_id: int
     focus: dict[str, list[list[tuple[np.ndarray, np.ndarray]]]] | None = None  # task -> per example
     copy: dict[str, list[list[tuple[np.ndarray, np.ndarray]]]] | None = None   # task -> per example
+    read: dict[str, list[list[int]]] | None = None  # task -> per example, the positions predicting a read word
 
     @classmethod
     def build(cls, samples: list[dict], processor, n_image_tokens: int,
@@ -207,6 +209,7 @@ class TaskPool:
         ex: dict[str, list] = {}
         foc: dict[str, list] = {}
         cop: dict[str, list] = {}
+        rd: dict[str, list] = {}
         image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
         content = content_token_ids(processor.tokenizer, copy_words) if copy_words else frozenset()
         stop_id = processor.tokenizer.convert_tokens_to_ids(".")  # the full stop, for per-sentence focus
@@ -217,12 +220,14 @@ class TaskPool:
                 pairs = focus_pairs(ids, labels, image_id, focus(s), stop_id)
                 if reads is not None:
                     words = token_words(processor.tokenizer, ids)
-                    pairs = sharpen(pairs, read_pairs(ids, labels, image_id, words, reads(s), stop_id))
+                    rp = read_pairs(ids, labels, image_id, words, reads(s), stop_id)
+                    pairs = sharpen(pairs, rp)
+                    rd.setdefault(s["task"], []).append([int(q[0]) for q, _ in rp])
                 foc.setdefault(s["task"], []).append(pairs)
             if copy_words:
                 cop.setdefault(s["task"], []).append(copy_pairs(ids, labels, content))
         return cls(images, ex, processor.tokenizer.pad_token_id, foc if focus is not None else None,
-                   cop if copy_words else None)
+                   cop if copy_words else None, rd if focus is not None and reads is not None else None)
 
     def batch(self, task: str, size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """A random right-padded training batch of one task."""
@@ -244,4 +249,9 @@ class TaskPool:
             out["focus_BTT"] = pair_mask([self.focus[task][j] for j in js], width)
         if self.copy is not None:
             out["copy_BTT"] = pair_mask([self.copy[task][j] for j in js], width)
+        if self.read is not None:
+            read_BT = torch.zeros((size, width), dtype=torch.bool)
+            for b, j in enumerate(js):
+                read_BT[b, self.read[task][j]] = True
+            out["read_BT"] = read_BT
         return out

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from transformers import LlavaForConditionalGeneration
 
 from spec_core.reference.vlm.data import IGNORE, TaskPool
@@ -57,6 +58,12 @@ class VLMTrainConfig:
     # (`hires.reads`, `data.read_pairs`): the second address, inside the panel, that the copy and
     # focus builds did not learn (words read from the image 0.18 / 0.00 of general / text VQA)
     read_focus: bool = False
+    # hires, with read_focus: at a position predicting a word read from the image, what the focus
+    # heads add to the residual (their share of o_proj's output, summed over the focus layers) is
+    # itself decoded (final norm, lm_head) and taught that word (weight; 0 = off; `read_loss`):
+    # object-level focus alone put 5x the attention on the word's patches and read no better -
+    # the heads' outputs did not carry what they attended to (scripts/hires_reads.py)
+    read_weight: float = 0.0
 
 
 TRAIN_PRESETS = {
@@ -161,6 +168,44 @@ def attention_weights_of(model: LlavaForConditionalGeneration, layers: list[int]
         model.set_attn_implementation(top)
 
 
+class HeadOutputs:
+    """Within the block, the input of `o_proj` (the heads' outputs side by side, (B, T, H x d)) of
+    each of `layers`, as captured by forward pre-hooks."""
+
+    def __init__(self, model, layers: list[int]):
+        self.model, self.layers, self.inputs = model, layers, {}
+        self._hooks = []
+
+    def __enter__(self):
+        for i in self.layers:
+            o_proj = self.model.model.language_model.layers[i].self_attn.o_proj
+            self._hooks.append(o_proj.register_forward_pre_hook(
+                lambda _m, args, i=i: self.inputs.__setitem__(i, args[0])))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+def read_loss(model, inputs: dict[int, torch.Tensor], read_BT: torch.Tensor, labels_BT: torch.Tensor,
+              heads: int) -> torch.Tensor:
+    """Cross-entropy of the word each read position predicts (labels at t + 1), decoded from what
+    the first `heads` heads of the captured layers add to the residual there: their slice of
+    `o_proj`, summed over the layers, through the final norm and `lm_head` (the heads' direct
+    contribution to the logits, as the logit lens reads a layer)."""
+    if not bool(read_BT[:, :-1].any()):
+        return model.lm_head.weight.new_zeros(())
+    cfg = model.config.text_config
+    width = heads * (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    lm = model.model.language_model
+    added_BTD = sum(x_BTF[..., :width] @ lm.layers[i].self_attn.o_proj.weight[:, :width].T for i, x_BTF in inputs.items())
+    q_B, q_T = read_BT[:, :-1].nonzero(as_tuple=True)
+    logits_PV = model.lm_head(lm.norm(added_BTD[q_B, q_T]))
+    return F.cross_entropy(logits_PV, labels_BT[q_B, q_T + 1], ignore_index=IGNORE)
+
+
 def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrainConfig,
               log: Callable[[str], None] | None = None, progress: Callable | None = None) -> dict:
     """Train projector + decoder in place on the pool; returns training figures."""
@@ -184,18 +229,22 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
     c_layers = [copy_layer(n_layers, cfg.focus_layers)] if copying else []
     c_head = min(cfg.focus_heads, model.config.text_config.num_attention_heads - 1)
     layers = sorted(set(f_layers) | set(c_layers))  # `out.attentions` holds these, in this order
+    reading = focus and cfg.read_weight > 0 and pool.read is not None
+    recent_read: list[float] = []
     t0 = time.perf_counter()
     recent: list[float] = []
     recent_focus: list[float] = []
     recent_copy: list[float] = []
     it = progress(range(cfg.steps), total=cfg.steps, desc="vlm stage 2") if progress else range(cfg.steps)
     # the supervised layers' attention weights; the saved model keeps its own attention
-    with attention_weights_of(model, layers) if layers else nullcontext():
+    with attention_weights_of(model, layers) if layers else nullcontext(), \
+            HeadOutputs(model, f_layers if reading else []) as heads_out:
         for step in it:
             task = tasks[rng.choice(len(tasks), p=weights)]
             batch = pool.batch(task, cfg.batch, rng)
             focus_BTT = batch.pop("focus_BTT", None)
             copy_BTT = batch.pop("copy_BTT", None)
+            read_BT = batch.pop("read_BT", None)
             out = model(**batch, output_attentions=bool(layers))
             loss = out.loss
             if focus:
@@ -206,6 +255,10 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
                 c = focus_loss([out.attentions[layers.index(i)] for i in c_layers], copy_BTT, 1, first=c_head)
                 loss = loss + cfg.copy_weight * c
                 recent_copy = (recent_copy + [c.item()])[-50:]
+            if reading:
+                r = read_loss(model, heads_out.inputs, read_BT, batch["labels"], cfg.focus_heads)
+                loss = loss + cfg.read_weight * r
+                recent_read = (recent_read + [r.item()])[-50:]
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -216,6 +269,7 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
                 acc = answer_token_accuracy(out.logits.detach(), batch["labels"])
                 extra = f" focus {np.mean(recent_focus):.3f}" if recent_focus else ""
                 extra += f" copy {np.mean(recent_copy):.3f}" if recent_copy else ""
+                extra += f" read {np.mean(recent_read):.3f}" if recent_read else ""
                 log(f"vlm step {step} task {task} loss {np.mean(recent):.3f} answer-token acc {acc:.3f}{extra}")
     model.eval()
     out = {"vlm_train_seconds": round(time.perf_counter() - t0, 1),
@@ -224,4 +278,6 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
         out["vlm_final_focus_loss"] = round(float(np.mean(recent_focus)), 4)
     if recent_copy:
         out["vlm_final_copy_loss"] = round(float(np.mean(recent_copy)), 4)
+    if recent_read:
+        out["vlm_final_read_loss"] = round(float(np.mean(recent_read)), 4)
     return out
