@@ -38,12 +38,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from spec_core.decoding.cost_curve import BandCurve
 
 _BUCKETS = 10          # confidence buckets [0, .1), ..., [.9, 1]
 _PRIOR_WEIGHT = 4.0    # pseudo-observations behind each bucket's prior
+
+
+def _host(x) -> np.ndarray:
+    """A tensor's values as a host array (no copy for a CPU tensor); arrays pass through. The
+    policy's arithmetic is on a few hundred numbers per step: numpy's per-call cost is a fraction
+    of torch's (measured: the policy's plan, choice and update cost ~0.5-0.8 ms per step in torch,
+    6-9% of a batch-1 step of the `small` world on 2 cores)."""
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _real(tree) -> np.ndarray:
+    """`DraftTree.real_BN` on the host (a pad is its own parent)."""
+    return _host(tree.parent_BN) != np.arange(1, tree.size + 1)
 
 
 def _ema(old: float | None, new: float, alpha: float) -> float:
@@ -114,11 +128,14 @@ class CostModel(LineFit):
         if self.curve is not None:
             self.curve.observe(x, seconds)
 
-    def verify_s(self, tokens: float | torch.Tensor) -> float | torch.Tensor:
-        """Seconds of verifying `tokens` tokens (a number or a tensor of them): the curve once two
+    def verify_s(self, tokens: float | np.ndarray | torch.Tensor) -> float | np.ndarray | torch.Tensor:
+        """Seconds of verifying `tokens` tokens (a number or an array of them): the curve once two
         token bands have been measured, else the line."""
         if self.curve is not None and self.curve.bands >= 2:
-            return self.curve.at(tokens, slope=self.coefficients()[1])
+            slope = self.coefficients()[1]
+            if isinstance(tokens, np.ndarray):
+                return self.curve.at(torch.from_numpy(tokens), slope=slope).numpy()
+            return self.curve.at(tokens, slope=slope)
         return self.at(tokens)
 
     def describe_curve(self) -> str:
@@ -153,7 +170,7 @@ class CostModel(LineFit):
             if rows > 0:
                 self.draft_fit.observe(rows, per)
 
-    def draft_depth_s(self, rows: int | torch.Tensor) -> float | torch.Tensor:
+    def draft_depth_s(self, rows: int | np.ndarray) -> float | np.ndarray:
         """Seconds of one drafting depth expanding `rows` rows: the fit once the widths have varied,
         else the mean per depth."""
         return self.draft_fit.at(rows) if self.draft_fit.varied else self.draft_per_depth
@@ -194,47 +211,53 @@ class AcceptanceModel:
 
     def __init__(self, max_depth: int = 64, max_nodes: int = 0):
         # per key: accepted and seen counts, starting from a prior of _PRIOR_WEIGHT pseudo-observations
-        self.conf_acc = _PRIOR_WEIGHT * (torch.arange(_BUCKETS, dtype=torch.float64) + 0.5) / _BUCKETS
-        self.conf_seen = torch.full((_BUCKETS,), _PRIOR_WEIGHT, dtype=torch.float64)
-        self.depth_acc = _PRIOR_WEIGHT * 0.5 ** torch.arange(max_depth + 1, dtype=torch.float64)
-        self.depth_seen = torch.full((max_depth + 1,), _PRIOR_WEIGHT, dtype=torch.float64)
-        self.node_acc = torch.zeros(max_nodes, dtype=torch.float64)  # per node index (no prior: the depth's)
-        self.node_seen = torch.zeros(max_nodes, dtype=torch.float64)
+        self.conf_acc = _PRIOR_WEIGHT * (np.arange(_BUCKETS, dtype=np.float64) + 0.5) / _BUCKETS
+        self.conf_seen = np.full(_BUCKETS, _PRIOR_WEIGHT)
+        self.depth_acc = _PRIOR_WEIGHT * 0.5 ** np.arange(max_depth + 1, dtype=np.float64)
+        self.depth_seen = np.full(max_depth + 1, _PRIOR_WEIGHT)
+        self.node_acc = np.zeros(max_nodes)  # per node index (no prior: the depth's)
+        self.node_seen = np.zeros(max_nodes)
 
-    def _index(self, shape: torch.Size) -> torch.Tensor:
-        return torch.arange(shape[1]).clamp(max=len(self.node_seen) - 1).expand(shape)
+    def _index(self, shape: tuple[int, int]) -> np.ndarray:
+        return np.broadcast_to(np.minimum(np.arange(shape[1]), len(self.node_seen) - 1), shape)
 
-    def _keys(self, score_BN: torch.Tensor | None, depth_BN: torch.Tensor) -> torch.Tensor:
-        if score_BN is not None:
-            return (score_BN.double().exp() * _BUCKETS).long().clamp(0, _BUCKETS - 1)
-        return depth_BN.clamp(0, len(self.depth_seen) - 1)
+    def _keys(self, score_BN: np.ndarray | None, depth_BN: np.ndarray) -> np.ndarray:
+        # (np.minimum / np.maximum: np.clip's wrapper costs more than the arithmetic at this size)
+        if score_BN is not None:  # exp >= 0: only the top needs a bound
+            return np.minimum((np.exp(score_BN.astype(np.float64)) * _BUCKETS).astype(np.int64), _BUCKETS - 1)
+        return np.minimum(np.maximum(depth_BN, 0), len(self.depth_seen) - 1)
 
-    def predict(self, score_BN: torch.Tensor | None, depth_BN: torch.Tensor) -> torch.Tensor:
+    def predict(self, score_BN: torch.Tensor | np.ndarray | None, depth_BN: torch.Tensor | np.ndarray) -> np.ndarray:
         """(B, N) probabilities; along each row non-increasing where the nodes are ordered by score
         (a prefix never values a node above one before it)."""
-        acc, seen = (self.conf_acc, self.conf_seen) if score_BN is not None else (self.depth_acc, self.depth_seen)
-        p_BN = (acc / seen)[self._keys(score_BN, depth_BN).cpu()]
-        if score_BN is None and len(self.node_seen) and p_BN.numel():  # by index, from the depth's
+        score = None if score_BN is None else _host(score_BN)
+        acc, seen = (self.conf_acc, self.conf_seen) if score is not None else (self.depth_acc, self.depth_seen)
+        p_BN = (acc / seen)[self._keys(score, _host(depth_BN))]
+        if not p_BN.size:
+            return p_BN
+        if score is None and len(self.node_seen):  # by index, from the depth's
             i_BN = self._index(p_BN.shape)
             return (self.node_acc[i_BN] + _PRIOR_WEIGHT * p_BN) / (self.node_seen[i_BN] + _PRIOR_WEIGHT)
-        return torch.cummin(p_BN, dim=1).values if p_BN.numel() else p_BN
+        return np.minimum.accumulate(p_BN, axis=1)
 
-    def observe(self, score_BN: torch.Tensor | None, depth_BN: torch.Tensor, real_BN: torch.Tensor,
-                accepted_BN: torch.Tensor) -> None:
+    def observe(self, score_BN: torch.Tensor | np.ndarray | None, depth_BN: torch.Tensor | np.ndarray,
+                real_BN: torch.Tensor | np.ndarray, accepted_BN: torch.Tensor | np.ndarray) -> None:
         """Count every real (not padded) verified node and whether the walk accepted it."""
-        acc, seen = (self.conf_acc, self.conf_seen) if score_BN is not None else (self.depth_acc, self.depth_seen)
-        keys = self._keys(score_BN, depth_BN)[real_BN]
-        hit = accepted_BN[real_BN].double()
-        seen += torch.bincount(keys, minlength=len(seen)).double()
-        acc += torch.bincount(keys, weights=hit, minlength=len(acc))
-        if score_BN is None and len(self.node_seen) and real_BN.numel():
-            i = self._index(real_BN.shape)[real_BN]
-            self.node_seen += torch.bincount(i, minlength=len(self.node_seen)).double()
-            self.node_acc += torch.bincount(i, weights=hit, minlength=len(self.node_acc))
+        score = None if score_BN is None else _host(score_BN)
+        real, hit_BN = _host(real_BN).astype(bool), _host(accepted_BN)
+        acc, seen = (self.conf_acc, self.conf_seen) if score is not None else (self.depth_acc, self.depth_seen)
+        keys = self._keys(score, _host(depth_BN))[real]
+        hit = hit_BN[real].astype(np.float64)
+        seen += np.bincount(keys, minlength=len(seen))
+        acc += np.bincount(keys, weights=hit, minlength=len(acc))
+        if score is None and len(self.node_seen) and real.size:
+            i = self._index(real.shape)[real]
+            self.node_seen += np.bincount(i, minlength=len(self.node_seen))
+            self.node_acc += np.bincount(i, weights=hit, minlength=len(self.node_acc))
 
 
-def choose_nodes(p_BN: torch.Tensor, active_B: torch.Tensor, rows: int, cost: CostModel, draft_s: float = 0.0,
-                 cap: int | None = None, rate: float | None = None) -> tuple[int, list[float]]:
+def choose_nodes(p_BN: torch.Tensor | np.ndarray, active_B: torch.Tensor | np.ndarray, rows: int, cost: CostModel,
+                 draft_s: float = 0.0, cap: int | None = None, rate: float | None = None) -> tuple[int, list[float]]:
     """The node count N (0..p.shape[1], at most `cap`) that maximises expected committed tokens
     per second of the whole step: (n_active + sum over active rows of their first N p's) /
     (draft_s + t_verify(rows * (1 + N)) + t_commit extra where N > 0, + what every step pays).
@@ -245,23 +268,20 @@ def choose_nodes(p_BN: torch.Tensor, active_B: torch.Tensor, rows: int, cost: Co
     yields more than the time it takes would yield at that rate. The step's own ratio, without the
     paid draft, overstates the rate and verifies too few nodes (measured on two cores at batch 2:
     ~5 nodes per step where a fixed 8-node tree was 10% faster)."""
-    n_max = p_BN.shape[1] if cap is None else min(p_BN.shape[1], max(cap, 0))
-    active = active_B.to(torch.bool).cpu()
-    gain = p_BN[active].sum(0).cumsum(0).tolist() if n_max else []  # expected accepted drafts, first N nodes
+    p, active = _host(p_BN), _host(active_B).astype(bool)
+    n_max = p.shape[1] if cap is None else min(p.shape[1], max(cap, 0))
     n_active = int(active.sum())
-    extra, other = cost.commit_extra(), cost.overhead_s()
-    # t_verify of every candidate at once (a step's choice must cost little)
-    verify = cost.verify_s(torch.arange(2, n_max + 2, dtype=torch.float64) * rows).tolist() if n_max else []
-    rates, net = [], []
-    for n in range(n_max + 1):
-        value = n_active + (gain[n - 1] if n else 0.0)
-        seconds = other + (draft_s + extra + verify[n - 1] if n else cost.ar_s(rows))
-        rates.append(value / seconds if seconds > 0 else math.inf * (value > 0))
-        if rate is not None:
-            net.append(value - rate * seconds)
-    score = net if rate is not None else rates
-    best = max(range(len(score)), key=lambda n: (score[n], -n))  # ties: the smaller tree
-    return best, rates
+    # every candidate at once (a step's choice must cost little): expected tokens and seconds, N = 0..n_max
+    value_N = n_active + np.concatenate([[0.0], p[active, :n_max].sum(0).cumsum()])
+    seconds_N = np.empty(n_max + 1)
+    other = cost.overhead_s()
+    seconds_N[0] = other + cost.ar_s(rows)
+    if n_max:
+        verify = cost.verify_s(np.arange(2, n_max + 2, dtype=np.float64) * rows)
+        seconds_N[1:] = other + (draft_s + cost.commit_extra() + verify)
+    rates = value_N / np.maximum(seconds_N, 1e-300)  # (no second is free: a floor, not an error state)
+    score = value_N - rate * seconds_N if rate is not None else rates
+    return int(score.argmax()), rates.tolist()  # ties: the first, the smaller tree
 
 
 class GoodputPolicy:
@@ -321,12 +341,12 @@ class GoodputPolicy:
         self.step_s = 0.0                      # seconds of an ordinary step's draft + verify (EMA)
         self._next_explore, self._cycle, self._due = reexplore, 1, None  # the next re-exploration
         self.value: list[list[float] | None] = [None] * (depth + 1)  # V_d(N), N = 0..budget (EMA)
-        self._gain = torch.zeros(depth + 1, budget + 1, dtype=torch.float64)  # V_d - V_{d-1} (V_0 = 0), EMA
+        self._gain = np.zeros((depth + 1, budget + 1))  # V_d - V_{d-1} (V_0 = 0), EMA
         self._known = 0  # depths 1.._known have a gain (a tree drafted to depth d measures 1..d)
-        self._V: torch.Tensor | None = None  # V_d(N), d = 1..depth, N = 1..budget (-1: no curve yet); None: none
-        n_N = torch.arange(1, budget + 1, dtype=torch.float64)  # the plan's grid: node counts, widths, depths
-        self._grid = (n_N, n_N.clamp(max=width) if width is not None else torch.ones_like(n_N),
-                      torch.arange(1, depth + 1, dtype=torch.float64)[:, None])
+        self._V: np.ndarray | None = None  # V_d(N), d = 1..depth, N = 1..budget (-1: no curve yet); None: none
+        n_N = np.arange(1, budget + 1, dtype=np.float64)  # the plan's grid: node counts, widths, depths
+        self._grid = (n_N, np.minimum(n_N, width) if width is not None else np.ones_like(n_N),
+                      np.arange(1, depth + 1, dtype=np.float64)[:, None])
         self.steps, self.pause, self.idle = 0, 1, 0
         self._ar_at: tuple[int, int] | None = None  # where the last plan said AR (active slots, rows), until
                                                       # the value curves move
@@ -396,15 +416,15 @@ class GoodputPolicy:
         n_N, w_N, d_D1 = self._grid
         verify_N = self.cost.verify_s(rows * (1 + n_N))  # every candidate's verification at once
         if self.depth_scaled:
-            per_depth_N = self.cost.draft_depth_s(rows * w_N)  # a tensor (the fit) or a float (the mean)
+            per_depth_N = self.cost.draft_depth_s(rows * w_N)  # an array (the fit) or a float (the mean)
             V_DN, draft_DN = self._V, d_D1 * per_depth_N
         else:  # the whole draft or none: the deepest curve at a whole draft's seconds
             V_DN, draft_DN = self._V[-1:], self.cost.draft_step
-        rate_DN = n_active * (1 + V_DN) / (draft_DN + fixed + verify_N)
-        rate_DN[V_DN < 0] = -math.inf
+        rate_DN = np.where(V_DN < 0, -math.inf, n_active * (1 + V_DN) / np.maximum(draft_DN + fixed + verify_N, 1e-300))
         k = int(rate_DN.argmax())  # row-major: ties go to the shallower depth, then the fewer nodes
-        self.rate = max(float(rate_DN.view(-1)[k]), ar_rate) / max(n_active, 1)  # per active slot
-        if not float(rate_DN.view(-1)[k]) > ar_rate:
+        best = float(rate_DN.flat[k])
+        self.rate = max(best, ar_rate) / max(n_active, 1)  # per active slot
+        if not best > ar_rate:
             return 0, 0
         return (k // self.budget + 1 if self.depth_scaled else self.depth), k % self.budget + 1
 
@@ -412,7 +432,8 @@ class GoodputPolicy:
         """The tree truncated to the chosen node count (choose_nodes; the draft is already paid)."""
         from spec_core.decoding.tree import truncate
 
-        p_BN = self.acceptance.predict(tree.score_BN, tree.depth_BN) * tree.real_BN.cpu()
+        p_BN = self.acceptance.predict(tree.score_BN, tree.depth_BN) * _real(tree)
+        active = _host(active_B).astype(bool)
         narrowed = self.draft_width if self.width is not None and self.draft_width < self.width else None
         k = self._exploring()
         self._drafted += 1
@@ -421,18 +442,18 @@ class GoodputPolicy:
         learn = (k is not None or self._probe or self.value[self.depth] is None
                  or self._drafted % self.learn_every == 0)
         if learn:
-            self._learn_values(p_BN, tree.depth_BN.cpu(), active_B.cpu(), self.depths[-1] if self.depths else self.depth,
+            self._learn_values(p_BN, _host(tree.depth_BN), active, self.depths[-1] if self.depths else self.depth,
                                narrowed)
         if k is not None or not self.cost.ready:
             n = min(self.explore[(k or 0) % len(self.explore)], tree.size)
         else:
-            lam = None if self.rate is None else self.rate * int(active_B.sum())
-            n, _ = choose_nodes(p_BN, active_B, rows, self.cost, rate=lam)
+            lam = None if self.rate is None else self.rate * int(active.sum())
+            n, _ = choose_nodes(p_BN, active, rows, self.cost, rate=lam)
         self.chosen.append(n)
         self._p_BN = p_BN[:, :n] if learn else None  # None: this step calibrates nothing
         return truncate(tree, n)
 
-    def _learn_values(self, p_BN: torch.Tensor, depth_BN: torch.Tensor, active_B: torch.Tensor, drafted: int,
+    def _learn_values(self, p_BN: np.ndarray, depth_BN: np.ndarray, active_B: np.ndarray, drafted: int,
                       narrowed: int | None = None) -> None:
         """V_d(N) for every d up to the depth this tree was drafted to: its nodes of depth <= d in
         order (a prefix of the same order a depth-d tree would have), mean over active slots of
@@ -448,28 +469,28 @@ class GoodputPolicy:
         if not bool(active_B.any()) or drafted < 1:
             return
         # a proposer's chain may run deeper than the tree config's depth: the deepest curve holds it
-        p_AN, dep_AN = p_BN[active_B].double(), depth_BN[active_B].clamp(max=self.depth)
+        p_AN, dep_AN = p_BN[active_B].astype(np.float64), np.minimum(depth_BN[active_B], self.depth)
         D, M = min(drafted, self.depth), self.budget + 1
-        d_D11 = torch.arange(1, D + 1)[:, None, None]
-        kept_DAN = torch.where(dep_AN[None] <= d_D11, p_AN[None], 0.0)
+        d_D11 = np.arange(1, D + 1)[:, None, None]
+        kept_DAN = np.where(dep_AN[None] <= d_D11, p_AN[None], 0.0)
         if self.depth_scaled:  # a drafter's nodes by score: a shallower tree holds the best of them
-            kept_DAN = kept_DAN.sort(dim=2, descending=True).values
+            kept_DAN = -np.sort(-kept_DAN, axis=2)
         # (a proposer's whole tree is drafted and truncated in its own order: the curve is that order's)
         curve_DN = kept_DAN.cumsum(2).mean(1)[:, : M - 1]  # the best N of depth <= d, N = 1..
-        flat = curve_DN[:, -1:].expand(D, M - 1 - curve_DN.shape[1])  # fewer nodes than the budget: flat past them
-        curve_DM = torch.cat([curve_DN.new_zeros(D, 1), curve_DN, flat], 1)
-        gain_DM = torch.diff(curve_DM, dim=0, prepend=torch.zeros(1, M, dtype=torch.float64))
+        flat = np.broadcast_to(curve_DN[:, -1:], (D, M - 1 - curve_DN.shape[1]))  # fewer nodes than the budget: flat past them
+        curve_DM = np.concatenate([np.zeros((D, 1)), curve_DN, flat], 1)
+        gain_DM = np.diff(curve_DM, axis=0, prepend=np.zeros((1, M)))
         upto = M if narrowed is None else narrowed + 1
         old_DM, K = self._gain[1: D + 1], min(self._known, D)  # depths 1..K had a gain before
         a = 1 - (1 - self.alpha) ** self.learn_every  # one tree in learn_every: the same memory in steps
-        new_DM = gain_DM.clone()  # depths never drafted before take their first gain whole
+        new_DM = gain_DM.copy()  # depths never drafted before take their first gain whole
         new_DM[:K, :upto] = (1 - a) * old_DM[:K, :upto] + a * gain_DM[:K, :upto]
         new_DM[:K, upto:] = old_DM[:K, upto:]
         self._gain[1: D + 1] = new_DM
         self._known = max(self._known, D)
         V_KM = self._gain[1: self._known + 1].cumsum(0)
         self.value = [None] + V_KM.tolist() + [None] * (self.depth - self._known)
-        self._V = torch.cat([V_KM[:, 1:], V_KM.new_full((self.depth - self._known, self.budget), -1.0)])
+        self._V = np.concatenate([V_KM[:, 1:], np.full((self.depth - self._known, self.budget), -1.0)])
         self._ar_at = None  # the values moved: an AR plan is weighed again
 
     def observe(self, tree, rows: int, verify_s: float, draft_s: float, draft_depth: int,
@@ -494,17 +515,17 @@ class GoodputPolicy:
         if tree.size == 0 or (self._p_BN is None and self.depth_scaled):
             return
         # node i (1-based) of row b is accepted iff it is among the first n[b] entries of its path
-        path, n = path_BD.cpu(), n_B.cpu()
-        on_path_BD = (torch.arange(path.shape[1])[None] < n[:, None]) & (path > 0)
-        accepted_BN = torch.zeros(tree.tokens_BN.shape[0], tree.tokens_BN.shape[1] + 1, dtype=torch.bool)
-        accepted_BN.scatter_(1, torch.where(on_path_BD, path, 0), on_path_BD)
-        accepted_BN = accepted_BN[:, 1:]
-        real_BN = tree.real_BN.cpu() & active_B.cpu()[:, None]
+        path, n = _host(path_BD), _host(n_B)
+        on_path_BD = (np.arange(path.shape[1])[None] < n[:, None]) & (path > 0)
+        accepted_BM = np.zeros((tree.tokens_BN.shape[0], tree.size + 1), dtype=bool)
+        b_I, d_I = np.nonzero(on_path_BD)
+        accepted_BM[b_I, path[b_I, d_I]] = True
+        accepted_BN = accepted_BM[:, 1:]
+        real_BN = _real(tree) & _host(active_B).astype(bool)[:, None]
         if self._p_BN is not None:
             self.predicted += float(self._p_BN[real_BN].sum())
             self.accepted += float(accepted_BN[real_BN].sum())
-        self.acceptance.observe(None if tree.score_BN is None else tree.score_BN.cpu(), tree.depth_BN.cpu(),
-                                real_BN, accepted_BN)
+        self.acceptance.observe(tree.score_BN, tree.depth_BN, real_BN, accepted_BN)
         self._p_BN = None
 
     def _schedule(self, explored: bool, seconds: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -337,10 +338,10 @@ def test_proposer_acceptance_is_learnt_per_node_index():
         m.observe(None, depth_BN, real_BN, accepted_BN)
     p_index = by_index.predict(None, depth_BN[:1])[0]
     p_depth = by_depth.predict(None, depth_BN[:1])[0]
-    assert torch.allclose(p_index, rate_N.double(), atol=0.06)
-    assert torch.allclose(p_depth, torch.full((4,), 0.225, dtype=torch.float64), atol=0.04)
-    assert GoodputPolicy(8, 3, depth_scaled=False).acceptance.node_seen.numel() == 8
-    assert GoodputPolicy(8, 3).acceptance.node_seen.numel() == 0
+    assert np.allclose(p_index, rate_N.double().numpy(), atol=0.06)
+    assert np.allclose(p_depth, 0.225, atol=0.04)
+    assert GoodputPolicy(8, 3, depth_scaled=False).acceptance.node_seen.size == 8
+    assert GoodputPolicy(8, 3).acceptance.node_seen.size == 0
 
 
 def test_an_ar_step_measured_below_the_trees_line_costs_what_it_measured():
@@ -360,7 +361,7 @@ def test_an_ar_step_measured_below_the_trees_line_costs_what_it_measured():
     policy = GoodputPolicy(6, 3, depth_scaled=False)
     policy.cost = cm
     policy.cost.draft_step = 1e-4
-    policy._V = torch.tensor([[0.0] * 6] * 2 + [P.sum(0).cumsum(0).div(2).tolist()], dtype=torch.float64)
+    policy._V = np.array([[0.0] * 6] * 2 + [P.sum(0).cumsum(0).div(2).tolist()])
     assert policy._best_plan(2, 2) == (0, 0)
     for _ in range(30):
         cm.observe_ar(2, 0.030)
