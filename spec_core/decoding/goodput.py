@@ -284,6 +284,58 @@ def choose_nodes(p_BN: torch.Tensor | np.ndarray, active_B: torch.Tensor | np.nd
     return int(score.argmax()), rates.tolist()  # ties: the first, the smaller tree
 
 
+class _Curves:
+    """V_d(N) of the trees drafted at one width: expected accepted drafts per slot of the best N nodes
+    of a depth-d tree, d = 1..depth, N = 0..budget (see `learn`)."""
+
+    def __init__(self, budget: int, depth: int, alpha: float, depth_scaled: bool):
+        self.budget, self.depth, self.alpha, self.depth_scaled = budget, depth, alpha, depth_scaled
+        self.value: list[list[float] | None] = [None] * (depth + 1)  # V_d(N), N = 0..budget (EMA)
+        self._gain = np.zeros((depth + 1, budget + 1))  # V_d - V_{d-1} (V_0 = 0), EMA
+        self._known = 0  # depths 1.._known have a gain (a tree drafted to depth d measures 1..d)
+        self._V: np.ndarray | None = None  # V_d(N), d = 1..depth, N = 1..budget (-1: no curve yet); None: none
+
+    def learn(self, p_BN: np.ndarray, depth_BN: np.ndarray, active_B: np.ndarray, drafted: int,
+              narrowed: int | None = None, learn_every: int = 1) -> None:
+        """V_d(N) for every d up to the depth this tree was drafted to: its nodes of depth <= d in
+        order (a prefix of the same order a depth-d tree would have), mean over active slots of
+        their cumulative p. Where the budget kept no node deeper than some d' < drafted, the curves
+        of d' .. drafted are the same: drafting deeper would have bought nothing. A tree `narrowed`
+        to width w holds the best N nodes of a tree drafted at this class's width for N <= w only:
+        it updates V_d(0..w).
+
+        Kept as V_1 plus the gains of each further depth, V_d - V_{d-1}, each an EMA over the trees
+        drafted at least that deep: a deep draft is rarer (explorations, probes) and comes from other
+        states than the shallow ones, so a deep curve learnt apart from the shallow ones is compared
+        with them on other states (measured: V_4 below V_3, and the plan kept drafts shallower than
+        the fixed tree that beat it); a gain is measured on the same tree as its base, >= 0."""
+        if not bool(active_B.any()) or drafted < 1:
+            return
+        # a proposer's chain may run deeper than the tree config's depth: the deepest curve holds it
+        p_AN, dep_AN = p_BN[active_B].astype(np.float64), np.minimum(depth_BN[active_B], self.depth)
+        D, M = min(drafted, self.depth), self.budget + 1
+        d_D11 = np.arange(1, D + 1)[:, None, None]
+        kept_DAN = np.where(dep_AN[None] <= d_D11, p_AN[None], 0.0)
+        if self.depth_scaled:  # a drafter's nodes by score: a shallower tree holds the best of them
+            kept_DAN = -np.sort(-kept_DAN, axis=2)
+        # (a proposer's whole tree is drafted and truncated in its own order: the curve is that order's)
+        curve_DN = kept_DAN.cumsum(2).mean(1)[:, : M - 1]  # the best N of depth <= d, N = 1..
+        flat = np.broadcast_to(curve_DN[:, -1:], (D, M - 1 - curve_DN.shape[1]))  # fewer nodes than the budget: flat past them
+        curve_DM = np.concatenate([np.zeros((D, 1)), curve_DN, flat], 1)
+        gain_DM = np.diff(curve_DM, axis=0, prepend=np.zeros((1, M)))
+        upto = M if narrowed is None else narrowed + 1
+        old_DM, K = self._gain[1: D + 1], min(self._known, D)  # depths 1..K had a gain before
+        a = 1 - (1 - self.alpha) ** learn_every  # one tree in learn_every: the same memory in steps
+        new_DM = gain_DM.copy()  # depths never drafted before take their first gain whole
+        new_DM[:K, :upto] = (1 - a) * old_DM[:K, :upto] + a * gain_DM[:K, :upto]
+        new_DM[:K, upto:] = old_DM[:K, upto:]
+        self._gain[1: D + 1] = new_DM
+        self._known = max(self._known, D)
+        V_KM = self._gain[1: self._known + 1].cumsum(0)
+        self.value = [None] + V_KM.tolist() + [None] * (self.depth - self._known)
+        self._V = np.concatenate([V_KM[:, 1:], np.full((self.depth - self._known, self.budget), -1.0)])
+
+
 class GoodputPolicy:
     """Per engine: the cost and acceptance models and the two choices each step makes with them.
 
@@ -302,9 +354,13 @@ class GoodputPolicy:
     so a tree expanding the best N per depth holds exactly the best N nodes of the full-width tree.
     A draft's seconds per depth are a line in the rows it expands (slots x w), fitted as the widths
     vary; V_d(N) is learnt from a narrowed tree for N <= w only (beyond, full-width trees - the
-    explorations and probes - keep it).
+    explorations and probes - keep it). The plan also weighs a narrower draft class (about half the
+    width: `classes`), with value curves of its own learnt from the trees drafted that wide (an
+    exploration drafts each class in turn): fewer rows per depth cost less, and where a depth costs
+    more than the few nodes a wider draft adds are worth (a CPU at batch 1), the narrower class wins.
 
-    The first steps explore (the full tree, none, half and a quarter of the budget) so that the
+    The first steps explore (the full tree, none, half and a quarter of the budget, then the full
+    budget at each narrower width class) so that the
     cost fit sees several token counts at this batch size and context - its calibration on the
     running hardware; then one such step, drafted at full depth, keeps the fit and the value curves
     current: `reexplore` steps after the last one, or later where an exploration cost more than
@@ -333,19 +389,26 @@ class GoodputPolicy:
         self.budget, self.depth, self.alpha = budget, depth, alpha
         self.width = width                     # None: the draft's width is not the policy's to choose
         self.draft_width = width               # this step's planned width
-        self.explore = [budget, 0, max(1, budget // 2), max(1, budget // 4)]
+        # the draft widths a plan chooses among (then narrowed to min(w, N)): the full width and about
+        # half of it - a narrower draft costs less per depth and loses little where few nodes pay
+        # (measured on 2 cores at batch 1: a fixed 3-wide 6-deep 12-node tree 1.91x AR where the
+        # policy drafting 6 wide reached 1.79x)
+        self.classes: list[int | None] = [None] if width is None else sorted({max(1, (width + 1) // 2), width})
+        self.curves = [_Curves(budget, depth, alpha, depth_scaled) for _ in self.classes]
+        self._class = self._plan_class = len(self.classes) - 1  # this step's width class, the last plan's
+        # explorations: (node count, width class) - the full tree, none, half and a quarter of the
+        # budget at the full width, then the whole budget at each narrower width
+        full = len(self.classes) - 1
+        self.explore = [(budget, full), (0, full), (max(1, budget // 2), full), (max(1, budget // 4), full)] + [
+            (budget, c) for c in range(full)]
         self.reexplore, self.max_pause, self.probe_share = reexplore, max_pause, probe_share
         self.explore_share, self.learn_every = explore_share, learn_every
         self.rate: float | None = None  # the planned step's expected tokens per second per active slot
         self._drafted, self._probe = 0, False  # drafting steps so far; whether this step is a probe
         self.step_s = 0.0                      # seconds of an ordinary step's draft + verify (EMA)
         self._next_explore, self._cycle, self._due = reexplore, 1, None  # the next re-exploration
-        self.value: list[list[float] | None] = [None] * (depth + 1)  # V_d(N), N = 0..budget (EMA)
-        self._gain = np.zeros((depth + 1, budget + 1))  # V_d - V_{d-1} (V_0 = 0), EMA
-        self._known = 0  # depths 1.._known have a gain (a tree drafted to depth d measures 1..d)
-        self._V: np.ndarray | None = None  # V_d(N), d = 1..depth, N = 1..budget (-1: no curve yet); None: none
         n_N = np.arange(1, budget + 1, dtype=np.float64)  # the plan's grid: node counts, widths, depths
-        self._grid = (n_N, np.minimum(n_N, width) if width is not None else np.ones_like(n_N),
+        self._grid = (n_N, [np.minimum(n_N, w) if w is not None else np.ones_like(n_N) for w in self.classes],
                       np.arange(1, depth + 1, dtype=np.float64)[:, None])
         self.steps, self.pause, self.idle = 0, 1, 0
         self._ar_at: tuple[int, int] | None = None  # where the last plan said AR (active slots, rows), until
@@ -355,6 +418,19 @@ class GoodputPolicy:
         self.widths: list[int] = []            # planned draft width per drafting step (width planned)
         self.predicted, self.accepted = 0.0, 0.0  # summed over verified real nodes (calibration)
         self._p_BN = None
+
+    @property
+    def value(self) -> list[list[float] | None]:
+        """V_d(N) of the full-width trees."""
+        return self.curves[-1].value
+
+    @property
+    def _V(self) -> np.ndarray | None:
+        return self.curves[-1]._V
+
+    @_V.setter
+    def _V(self, V_DN: np.ndarray | None) -> None:
+        self.curves[-1]._V = V_DN
 
     def _exploring(self) -> int | None:
         """This step's exploration index, or None."""
@@ -367,10 +443,13 @@ class GoodputPolicy:
         k = self._exploring()
         # a periodic re-exploration while AR is chosen would be a probe as well: the probe's
         # doubling pause decides when to look again
-        self.draft_width, self._probe = self.width, False
+        self.draft_width, self._probe, self._class = self.width, False, len(self.classes) - 1
         if not self.cost.ready or self.value[self.depth] is None or (
                 k is not None and (self.steps < len(self.explore) or self.idle == 0)):
             d = self.depth
+            if k is not None:  # an exploration at its width class
+                self._class = self.explore[k % len(self.explore)][1]
+                self.draft_width = self.classes[self._class]
         else:
             if self._ar_at == (n_active, rows):
                 d, n = 0, 0  # AR was best, and what it was weighed on has not moved but the cost fit
@@ -383,6 +462,7 @@ class GoodputPolicy:
                 self._probe = True
             elif d > 0:
                 self.pause = 1
+                self._class = self._plan_class
                 self.draft_width = self._width(n)
         self.depths.append(d)
         if d and self.draft_width is not None:
@@ -390,8 +470,9 @@ class GoodputPolicy:
         return d
 
     def _width(self, n: int) -> int | None:
-        """The draft width that holds the best n nodes (None: not planned)."""
-        return None if self.width is None else max(1, min(self.width, n))
+        """The draft width of this step's class that holds its best n nodes (None: not planned)."""
+        w = self.classes[self._class]
+        return None if w is None else max(1, min(w, n))
 
     def pause_limit(self, rows: int) -> int:
         """The longest pause between probes: max_pause, or as many AR steps as make one full-depth
@@ -413,17 +494,25 @@ class GoodputPolicy:
         other = self.cost.overhead_s()   # what any step pays besides its plan's own seconds
         fixed = other + self.cost.commit_extra()  # any drafting step, besides its depth and verification
         ar_rate = n_active / max(other + self.cost.ar_s(rows), 1e-12)
-        n_N, w_N, d_D1 = self._grid
+        n_N, w_CN, d_D1 = self._grid
         verify_N = self.cost.verify_s(rows * (1 + n_N))  # every candidate's verification at once
-        if self.depth_scaled:
-            per_depth_N = self.cost.draft_depth_s(rows * w_N)  # an array (the fit) or a float (the mean)
-            V_DN, draft_DN = self._V, d_D1 * per_depth_N
-        else:  # the whole draft or none: the deepest curve at a whole draft's seconds
-            V_DN, draft_DN = self._V[-1:], self.cost.draft_step
-        rate_DN = np.where(V_DN < 0, -math.inf, n_active * (1 + V_DN) / np.maximum(draft_DN + fixed + verify_N, 1e-300))
-        k = int(rate_DN.argmax())  # row-major: ties go to the shallower depth, then the fewer nodes
-        best = float(rate_DN.flat[k])
+        rate_CDN = []
+        for curves, w_N in zip(self.curves, w_CN):  # narrow classes first: ties go to the narrower draft
+            if curves._V is None:
+                rate_CDN.append(np.full((self.depth if self.depth_scaled else 1, self.budget), -math.inf))
+                continue
+            if self.depth_scaled:
+                per_depth_N = self.cost.draft_depth_s(rows * w_N)  # an array (the fit) or a float (the mean)
+                V_DN, draft_DN = curves._V, d_D1 * per_depth_N
+            else:  # the whole draft or none: the deepest curve at a whole draft's seconds
+                V_DN, draft_DN = curves._V[-1:], self.cost.draft_step
+            rate_CDN.append(np.where(V_DN < 0, -math.inf,
+                                     n_active * (1 + V_DN) / np.maximum(draft_DN + fixed + verify_N, 1e-300)))
+        rate_CDN = np.stack(rate_CDN)
+        k = int(rate_CDN.argmax())  # row-major: then the shallower depth, then the fewer nodes
+        best = float(rate_CDN.flat[k])
         self.rate = max(best, ar_rate) / max(n_active, 1)  # per active slot
+        self._plan_class, k = divmod(k, rate_CDN.shape[1] * self.budget)
         if not best > ar_rate:
             return 0, 0
         return (k // self.budget + 1 if self.depth_scaled else self.depth), k % self.budget + 1
@@ -434,7 +523,8 @@ class GoodputPolicy:
 
         p_BN = self.acceptance.predict(tree.score_BN, tree.depth_BN) * _real(tree)
         active = _host(active_B).astype(bool)
-        narrowed = self.draft_width if self.width is not None and self.draft_width < self.width else None
+        w = self.classes[self._class]
+        narrowed = self.draft_width if w is not None and self.draft_width < w else None
         k = self._exploring()
         self._drafted += 1
         # learning from every tree made the policy ~5% of a batch-2 run on a CPU: every explored or
@@ -442,56 +532,17 @@ class GoodputPolicy:
         learn = (k is not None or self._probe or self.value[self.depth] is None
                  or self._drafted % self.learn_every == 0)
         if learn:
-            self._learn_values(p_BN, _host(tree.depth_BN), active, self.depths[-1] if self.depths else self.depth,
-                               narrowed)
+            self.curves[self._class].learn(p_BN, _host(tree.depth_BN), active,
+                                           self.depths[-1] if self.depths else self.depth, narrowed, self.learn_every)
+            self._ar_at = None  # the values moved: an AR plan is weighed again
         if k is not None or not self.cost.ready:
-            n = min(self.explore[(k or 0) % len(self.explore)], tree.size)
+            n = min(self.explore[(k or 0) % len(self.explore)][0], tree.size)
         else:
             lam = None if self.rate is None else self.rate * int(active.sum())
             n, _ = choose_nodes(p_BN, active, rows, self.cost, rate=lam)
         self.chosen.append(n)
         self._p_BN = p_BN[:, :n] if learn else None  # None: this step calibrates nothing
         return truncate(tree, n)
-
-    def _learn_values(self, p_BN: np.ndarray, depth_BN: np.ndarray, active_B: np.ndarray, drafted: int,
-                      narrowed: int | None = None) -> None:
-        """V_d(N) for every d up to the depth this tree was drafted to: its nodes of depth <= d in
-        order (a prefix of the same order a depth-d tree would have), mean over active slots of
-        their cumulative p. Where the budget kept no node deeper than some d' < drafted, the curves
-        of d' .. drafted are the same: drafting deeper would have bought nothing. A tree `narrowed`
-        to width w holds the full tree's best N nodes for N <= w only: it updates V_d(0..w).
-
-        Kept as V_1 plus the gains of each further depth, V_d - V_{d-1}, each an EMA over the trees
-        drafted at least that deep: a deep draft is rarer (explorations, probes) and comes from other
-        states than the shallow ones, so a deep curve learnt apart from the shallow ones is compared
-        with them on other states (measured: V_4 below V_3, and the plan kept drafts shallower than
-        the fixed tree that beat it); a gain is measured on the same tree as its base, >= 0."""
-        if not bool(active_B.any()) or drafted < 1:
-            return
-        # a proposer's chain may run deeper than the tree config's depth: the deepest curve holds it
-        p_AN, dep_AN = p_BN[active_B].astype(np.float64), np.minimum(depth_BN[active_B], self.depth)
-        D, M = min(drafted, self.depth), self.budget + 1
-        d_D11 = np.arange(1, D + 1)[:, None, None]
-        kept_DAN = np.where(dep_AN[None] <= d_D11, p_AN[None], 0.0)
-        if self.depth_scaled:  # a drafter's nodes by score: a shallower tree holds the best of them
-            kept_DAN = -np.sort(-kept_DAN, axis=2)
-        # (a proposer's whole tree is drafted and truncated in its own order: the curve is that order's)
-        curve_DN = kept_DAN.cumsum(2).mean(1)[:, : M - 1]  # the best N of depth <= d, N = 1..
-        flat = np.broadcast_to(curve_DN[:, -1:], (D, M - 1 - curve_DN.shape[1]))  # fewer nodes than the budget: flat past them
-        curve_DM = np.concatenate([np.zeros((D, 1)), curve_DN, flat], 1)
-        gain_DM = np.diff(curve_DM, axis=0, prepend=np.zeros((1, M)))
-        upto = M if narrowed is None else narrowed + 1
-        old_DM, K = self._gain[1: D + 1], min(self._known, D)  # depths 1..K had a gain before
-        a = 1 - (1 - self.alpha) ** self.learn_every  # one tree in learn_every: the same memory in steps
-        new_DM = gain_DM.copy()  # depths never drafted before take their first gain whole
-        new_DM[:K, :upto] = (1 - a) * old_DM[:K, :upto] + a * gain_DM[:K, :upto]
-        new_DM[:K, upto:] = old_DM[:K, upto:]
-        self._gain[1: D + 1] = new_DM
-        self._known = max(self._known, D)
-        V_KM = self._gain[1: self._known + 1].cumsum(0)
-        self.value = [None] + V_KM.tolist() + [None] * (self.depth - self._known)
-        self._V = np.concatenate([V_KM[:, 1:], np.full((self.depth - self._known, self.budget), -1.0)])
-        self._ar_at = None  # the values moved: an AR plan is weighed again
 
     def observe(self, tree, rows: int, verify_s: float, draft_s: float, draft_depth: int,
                 path_BD: torch.Tensor, n_B: torch.Tensor, active_B: torch.Tensor, draft_width: int = 0,

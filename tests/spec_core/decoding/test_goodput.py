@@ -106,9 +106,9 @@ def _confident_tree():
     return DraftTree(torch.zeros(1, 6, dtype=torch.long), parent, depth, ancestor_mask(parent, 3), score)
 
 
-def _trained_policy(a: float, b: float, per_depth: float) -> GoodputPolicy:
+def _trained_policy(a: float, b: float, per_depth: float, width: int | None = None) -> GoodputPolicy:
     """A policy past its exploration, whose value curves come from a tree of confident nodes."""
-    pol = GoodputPolicy(budget=6, depth=3)
+    pol = GoodputPolicy(budget=6, depth=3, width=width)
     pol.cost = _cost(a, b)
     pol.cost.draft_per_depth = per_depth
     for _ in range(len(pol.explore)):
@@ -201,13 +201,14 @@ def test_a_tree_narrowed_to_width_n_holds_the_full_trees_best_n_nodes(tiny_world
 
 
 def test_plan_narrows_the_draft_to_the_nodes_it_expects_and_a_narrowed_tree_teaches_only_those():
-    pol = _trained_policy(0.01, 0.0001, per_depth=0.0001)
-    pol.width = pol.draft_width = 6
+    pol = _trained_policy(0.01, 0.0001, per_depth=0.0001, width=6)
     d = pol.plan(1, 1)
     n = pol._best_plan(1, 1)[1]
-    assert d == 3 and pol.draft_width == min(6, n) and pol.widths[-1] == pol.draft_width
+    w = pol.classes[pol._class]
+    assert d == 3 and pol.draft_width == min(w, n) and pol.widths[-1] == pol.draft_width
     before = {dd: list(v) for dd, v in enumerate(pol.value) if v is not None}
-    pol.draft_width, pol.learn_every = 2, 1  # a tree drafted 2 wide: its 3rd..6th best nodes are not the full tree's
+    pol._class = len(pol.classes) - 1  # a full-width plan's tree ...
+    pol.draft_width, pol.learn_every = 2, 1  # ... drafted 2 wide: its 3rd..6th best nodes are not the full tree's
     tree = _confident_tree()
     tree.score_BN = tree.score_BN - 1.0  # less confident than the trees the curves were learnt on
     pol.choose(tree, torch.tensor([True]), 1)
@@ -422,3 +423,43 @@ def test_the_engine_gives_each_step_its_wall_seconds_without_the_admissions_pref
     assert seen and all(wall >= verify + draft > 0 for wall, verify, draft in seen)
     assert sum(w for w, _, _ in seen) + engine.phase_s["prefill"] <= elapsed
     assert engine.policy.cost.overhead >= 0.0  # measured
+
+
+def test_the_plan_chooses_the_draft_width_by_the_brute_force_best_rate():
+    """A feature drafter's plan weighs the full width and about half of it, each with the value
+    curves of trees drafted that wide (the explorations draft every width): where a depth costs
+    more per row expanded the narrower draft wins, and the plan is the brute-force best
+    (width, depth, nodes) of the rates its curves and costs give."""
+    from spec_core.decoding.tree import DraftTree, ancestor_mask
+
+    def tree(width: int) -> DraftTree:  # the narrower draft misses the full tree's 2nd and 5th best nodes
+        parent = torch.tensor([[0, 1, 2, 0, 4, 3]])
+        depth = torch.tensor([[1, 2, 3, 1, 2, 3]])
+        conf = [0.95, 0.9, 0.85, 0.3, 0.2, 0.1] if width == 6 else [0.95, 0.8, 0.75, 0.3, 0.1, 0.05]
+        score = torch.log(torch.tensor([conf], dtype=torch.float64))
+        return DraftTree(torch.zeros(1, 6, dtype=torch.long), parent, depth, ancestor_mask(parent, 3), score)
+
+    chosen = []
+    for slope in (0.0, 0.0005, 0.002):  # seconds per depth per row expanded
+        pol = GoodputPolicy(budget=6, depth=3, width=6)
+        assert pol.classes == [3, 6] and [c for _, c in pol.explore] == [1, 1, 1, 1, 0]
+        pol.cost = _cost(0.01, 0.0001)
+        for rows in (3, 6, 3, 6):
+            pol.cost.observe_draft(1, 0.001 + slope * rows, rows=rows)
+        for _ in range(len(pol.explore)):
+            pol.plan(1, 1)
+            pol.choose(tree(pol.draft_width), torch.tensor([True]), 1)
+            pol.steps += 1
+        rates = {(0, 0, 0): 1 / pol.cost.ar_s(1)}
+        for c, w in enumerate(pol.classes):
+            for d in (1, 2, 3):
+                for n in range(1, 7):
+                    draft = d * pol.cost.draft_depth_s(min(w, n))
+                    rates[(w, d, n)] = (1 + pol.curves[c].value[d][n]) / (draft + pol.cost.verify_s(1 + n))
+        best = max(rates, key=rates.get)
+        d, n = pol._best_plan(1, 1)
+        assert (pol.classes[pol._plan_class], d, n) == best or rates[(pol.classes[pol._plan_class], d, n)] == \
+            pytest.approx(rates[best]), slope
+        assert pol.plan(1, 1) == best[1] and pol.draft_width == min(best[0], best[2])
+        chosen.append(pol.draft_width)
+    assert chosen == [6, 3, 2]  # costlier rows: narrower drafts (the half-width class, then narrowed to 2 nodes)
