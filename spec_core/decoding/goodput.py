@@ -55,11 +55,6 @@ def _host(x) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
-def _real(tree) -> np.ndarray:
-    """`DraftTree.real_BN` on the host (a pad is its own parent)."""
-    return _host(tree.parent_BN) != np.arange(1, tree.size + 1)
-
-
 def _ema(old: float | None, new: float, alpha: float) -> float:
     """An exponential moving average's next value (the first observation taken whole)."""
     return new if old is None else (1 - alpha) * old + alpha * new
@@ -424,14 +419,6 @@ class GoodputPolicy:
         """V_d(N) of the full-width trees."""
         return self.curves[-1].value
 
-    @property
-    def _V(self) -> np.ndarray | None:
-        return self.curves[-1]._V
-
-    @_V.setter
-    def _V(self, V_DN: np.ndarray | None) -> None:
-        self.curves[-1]._V = V_DN
-
     def _exploring(self) -> int | None:
         """This step's exploration index, or None."""
         if self.steps < len(self.explore):
@@ -521,7 +508,7 @@ class GoodputPolicy:
         """The tree truncated to the chosen node count (choose_nodes; the draft is already paid)."""
         from spec_core.decoding.tree import truncate
 
-        p_BN = self.acceptance.predict(tree.score_BN, tree.depth_BN) * _real(tree)
+        p_BN = self.acceptance.predict(tree.score_BN, tree.depth_BN) * _host(tree.real_BN)
         active = _host(active_B).astype(bool)
         w = self.classes[self._class]
         narrowed = self.draft_width if w is not None and self.draft_width < w else None
@@ -572,7 +559,7 @@ class GoodputPolicy:
         b_I, d_I = np.nonzero(on_path_BD)
         accepted_BM[b_I, path[b_I, d_I]] = True
         accepted_BN = accepted_BM[:, 1:]
-        real_BN = _real(tree) & _host(active_B).astype(bool)[:, None]
+        real_BN = _host(tree.real_BN) & _host(active_B).astype(bool)[:, None]
         if self._p_BN is not None:
             self.predicted += float(self._p_BN[real_BN].sum())
             self.accepted += float(accepted_BN[real_BN].sum())

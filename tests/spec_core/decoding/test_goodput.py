@@ -362,7 +362,7 @@ def test_an_ar_step_measured_below_the_trees_line_costs_what_it_measured():
     policy = GoodputPolicy(6, 3, depth_scaled=False)
     policy.cost = cm
     policy.cost.draft_step = 1e-4
-    policy._V = np.array([[0.0] * 6] * 2 + [P.sum(0).cumsum(0).div(2).tolist()])
+    policy.curves[-1]._V = np.array([[0.0] * 6] * 2 + [P.sum(0).cumsum(0).div(2).tolist()])
     assert policy._best_plan(2, 2) == (0, 0)
     for _ in range(30):
         cm.observe_ar(2, 0.030)
