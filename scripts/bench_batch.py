@@ -17,13 +17,16 @@ generated tokens/s of every method under the paper's tree (6x6x40), a CPU tree (
 interleaved per repetition, every other one in reverse order (medians of the ratios and min-time
 ratios printed), with the mean
 nodes per slot per step the policy chose, its share of AR steps, its calibration (nodes accepted
-over nodes it predicted accepted) and its cost fit. Outputs are checked identical to AR.
+over nodes it predicted accepted) and its cost fit; then each goodput run against the method's best
+fixed tree, paired per repetition (geometric mean, 95% interval). Outputs are checked identical to AR.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -141,8 +144,6 @@ TREES = {"paper 6x6x40": TreeConfig(6, 6, 40), "cpu 3x4x8/32": TreeConfig(3, 4, 
 
 def grid(adapter, processor, args) -> None:
     """Speculation against AR per batch size (see the module docstring)."""
-    import statistics
-
     from spec_core.decoding import load_drafter
     from spec_core.decoding.cost_curve import BandCurve
     from spec_core.decoding.proposers import DEFAULT_BUDGET, proposer_factory
@@ -203,10 +204,37 @@ def grid(adapter, processor, args) -> None:
                           f"predicted {st['observed_accepted'] / max(st['predicted_accepted'], 1e-9):.2f}, verify "
                           f"{st['verify_ms_intercept']:.2f} + {st['verify_ms_per_token']:.3f} ms/token, draft "
                           f"{st['draft_ms_per_depth']:.2f} ms/depth, commit extra {st['commit_extra_ms']:.2f} ms, "
-                          f"every step {st['step_overhead_ms']:.2f} ms\n{'':27s}verify curve (tokens:ms) "
-                          f"{st['verify_curve']}")
+                          f"every step {st['step_overhead_ms']:.2f} ms")
+                if st["verify_curve"]:  # the band curve's points (empty with the default line)
+                    nodes += f"\n{'':27s}verify curve (tokens:ms) {st['verify_curve']}"
             print(f"  {key[0]:10s} {key[1]:14s} throughput vs AR: median {statistics.median(ratios):.2f}x "
                   f"(min-time {min(ar) / min(t):.2f}x){nodes}")
+        paired_to_best_fixed(times, engines)
+
+
+def paired_to_best_fixed(times: dict[tuple, list[float]], engines: dict) -> None:
+    """Per method, each goodput run against its best fixed tree (the one of highest median
+    throughput ratio to AR, as the table above prints): the geometric mean of the per-repetition
+    throughput ratios with a 95% interval (Student's t on the log ratios). The repetitions are
+    paired - each ran the two side by side - so the interval holds the machine's drift out; the
+    best fixed tree is picked after the fact, so a tie reads slightly below 1."""
+    from spec_core.scd.window import t95
+
+    for name in dict.fromkeys(k[0] for k in times if k[0] != "ar"):
+        keys = [k for k in times if k[0] == name]
+        fixed = [k for k in keys if engines[k].policy is None]
+        if not fixed:
+            continue
+        ar = times[("ar", "")]
+        best = max(fixed, key=lambda k: statistics.median(a / x for a, x in zip(ar, times[k])))  # as printed
+        for k in keys:
+            if engines[k].policy is None:
+                continue
+            logs = [math.log(f / g) for f, g in zip(times[best], times[k])]  # > 0: goodput faster
+            m = sum(logs) / len(logs)
+            half = (t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))) if len(logs) > 1 else math.inf
+            print(f"  {name:10s} {k[1]:14s} / {best[1]}: {math.exp(m):.3f} "
+                  f"[{math.exp(m - half):.3f}, {math.exp(m + half):.3f}] (paired, 95%)")
 
 
 if __name__ == "__main__":
