@@ -510,6 +510,8 @@ class DecodeEngine:
             return drop_rows(tree, torch.tensor(skip, device=self.device)) if any(skip) else tree
         if self.new_proposer is not None and any(drafting):
             budget = self.tree_cfg.for_batch(sum(active)).budget
+            if self.policy is not None and self.policy.draft_nodes is not None:  # what the plan can verify
+                budget = min(budget, self.policy.draft_nodes)
             return propose_batch([p if d else None for p, d in zip(self.proposers, drafting)], budget, self.device)
         return empty_tree(self.B, self.device)
 

@@ -369,7 +369,10 @@ class GoodputPolicy:
     planned - a proposer builds its whole tree (Token Recycling's template, a PLD chain) - so the
     plan is all or nothing: the full depth at the measured seconds of a whole draft, or AR; its
     acceptance is learnt per node index (AcceptanceModel) from every drafted step. (Planning
-    a shallow draft at a depth's share of a proposer's cost chose to draft where it did not pay.)"""
+    a shallow draft at a depth's share of a proposer's cost chose to draft where it did not pay.)
+    An ordinary step bounds the proposer's draft at the N it planned (`draft_nodes`): measured on
+    2 cores, Token Recycling building its whole 80-node template per slot every step to keep ~6
+    nodes cost 7.5% of the wall time at batch 2."""
 
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
@@ -384,6 +387,7 @@ class GoodputPolicy:
         self.budget, self.depth, self.alpha = budget, depth, alpha
         self.width = width                     # None: the draft's width is not the policy's to choose
         self.draft_width = width               # this step's planned width
+        self.draft_nodes: int | None = None    # this step's bound on a proposer's draft (None: the budget)
         # the draft widths a plan chooses among (then narrowed to min(w, N)): the full width and about
         # half of it - a narrower draft costs less per depth and loses little where few nodes pay
         # (measured on 2 cores at batch 1: a fixed 3-wide 6-deep 12-node tree 1.91x AR where the
@@ -431,6 +435,7 @@ class GoodputPolicy:
         # a periodic re-exploration while AR is chosen would be a probe as well: the probe's
         # doubling pause decides when to look again
         self.draft_width, self._probe, self._class = self.width, False, len(self.classes) - 1
+        self.draft_nodes = None  # a proposer's draft bound (None: the whole budget)
         if not self.cost.ready or self.value[self.depth] is None or (
                 k is not None and (self.steps < len(self.explore) or self.idle == 0)):
             d = self.depth
@@ -449,6 +454,8 @@ class GoodputPolicy:
                 self._probe = True
             elif d > 0:
                 self.pause = 1
+                if not self.depth_scaled:  # a proposer drafts no more than the plan can verify
+                    self.draft_nodes = n
                 self._class = self._plan_class
                 self.draft_width = self._width(n)
         self.depths.append(d)
@@ -512,6 +519,8 @@ class GoodputPolicy:
         active = _host(active_B).astype(bool)
         w = self.classes[self._class]
         narrowed = self.draft_width if w is not None and self.draft_width < w else None
+        if w is None and self.draft_nodes is not None and self.draft_nodes < self.budget:
+            narrowed = self.draft_nodes  # a proposer's bounded draft: its first nodes only
         k = self._exploring()
         self._drafted += 1
         # learning from every tree made the policy ~5% of a batch-2 run on a CPU: every explored or

@@ -29,7 +29,10 @@ class Proposer(Protocol):
         """Committed tokens appended to the history (after each verification step)."""
 
     def propose(self, budget: int) -> list[list[int]]:
-        """Candidate continuations after the history's last token, best first (may be empty)."""
+        """Candidate continuations after the history's last token, best first (may be empty).
+        A proposer whose draft is a tree of its own order may also have `propose_tree(budget)`
+        -> (tokens, parent, depth) of nodes 1..n, topologically ordered (Token Recycling's
+        template); `propose_batch` takes that instead of merging paths."""
 
 
 def paths_to_tree(paths: list[list[int]], budget: int) -> Tree:
@@ -98,6 +101,6 @@ def trees_to_batch(trees: list[Tree], device=None, pad_token: int = 0) -> DraftT
 
 def propose_batch(proposers: list[Proposer | None], budget: int, device=None, pad_token: int = 0) -> DraftTree:
     """Each proposer's paths as one padded `DraftTree`; None (an empty slot) gives no nodes."""
-    trees = [paths_to_tree(p.propose(budget), budget) if p is not None else ([], [], [])
-             for p in proposers]
+    trees = [([], [], []) if p is None else p.propose_tree(budget) if hasattr(p, "propose_tree")
+             else paths_to_tree(p.propose(budget), budget) for p in proposers]
     return trees_to_batch(trees, device, pad_token)

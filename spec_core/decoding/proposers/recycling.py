@@ -134,6 +134,26 @@ class TokenRecycling:
             tokens_M[idx] = torch.where(par >= 0, cand, -1)
         return tokens_M[1:].tolist()
 
+    def propose_tree(self, budget: int) -> tuple[list[int], list[int], list[int]]:
+        """The draft as a tree in the template's own (breadth-first) order: (tokens, parent,
+        depth) of its known nodes, parent 0 the root. Its first n nodes are the draft of budget n
+        (`propose(n)`'s nodes), so a policy that keeps a prefix keeps a template tree of that size;
+        merged from `propose`'s paths the order would be depth-first, and a prefix a chain."""
+        if self.last_token < 0 or budget <= 0:
+            return [], [], []
+        tokens = self.expand(self.last_token, budget)
+        kept = [0] * (len(tokens) + 1)  # template node -> its number in the draft (0: the root / dropped)
+        out_t, out_p, out_d = [], [], []
+        for i, t in enumerate(tokens, start=1):
+            par = self.parent[i - 1]
+            if t < 0 or (par and not kept[par]):  # unknown, or below an unknown node
+                continue
+            out_t.append(t)
+            out_p.append(kept[par])
+            out_d.append(self.depth[i - 1])
+            kept[i] = len(out_t)
+        return out_t, out_p, out_d
+
     def propose(self, budget: int) -> list[list[int]]:
         if self.last_token < 0 or budget <= 0:
             return []

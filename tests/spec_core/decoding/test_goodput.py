@@ -237,6 +237,10 @@ def test_a_proposer_drafts_its_whole_tree_or_none_at_its_measured_cost():
 
     ar_rate = 1 / 0.0101
     assert proposer_policy(0.001).plan(1, 1) == 3  # a cheap whole draft pays
+    cheap = proposer_policy(0.001)  # ... and is drafted only as large as the plan may verify
+    assert cheap.plan(1, 1) == 3 and cheap.draft_nodes == cheap._best_plan(1, 1)[1] >= 1
+    fresh = GoodputPolicy(budget=3, depth=3, depth_scaled=False)
+    assert fresh.plan(1, 1) == 3 and fresh.draft_nodes is None  # an exploration drafts the budget
     costly = proposer_policy(0.012)
     assert costly.cost.draft_step == pytest.approx(0.012)
     # a depth's share of the draft (0.004 s) would pay at depth 1: (1 + 0.5) / (0.004 + 0.0102 s)

@@ -58,15 +58,20 @@ def test_hand_expanded_tree():
     assert tr.propose(10) == []
 
 
+def _random_recycling(rng: random.Random, V: int, k: int, unknown: int) -> tuple[TokenRecycling, torch.Tensor]:
+    """The default template over a random matrix with `unknown` rows not yet seen."""
+    adj = torch.stack([torch.randperm(V)[:k] for _ in range(V)])
+    for v in rng.sample(range(V), unknown):
+        adj[v] = -1
+    return TokenRecycling(V, k, adj_VK=adj.clone()), adj
+
+
 def test_default_template_against_recursive_expansion():
     rng = random.Random(0)
     parent, rank, _ = template_nodes(RECYCLING_TEMPLATE)
     V, k = 20, 8
     for _ in range(30):
-        adj = torch.stack([torch.randperm(V)[:k] for _ in range(V)])
-        for v in rng.sample(range(V), 6):
-            adj[v] = -1
-        tr = TokenRecycling(V, k, adj_VK=adj.clone())
+        tr, adj = _random_recycling(rng, V, k, unknown=6)
         root, budget = rng.randrange(V), rng.randrange(1, 90)
         tr.reset([root])
         # oracle: node i's token is row(parent token)[rank i], over the first `budget` nodes
@@ -124,3 +129,29 @@ def test_learn_rows_resolves_repeats_as_the_tensor_path():
         a.learn(tokens, top_TK)
         b.learn_rows(tokens.tolist(), top_TK)
         assert torch.equal(a.adj_VK, b.adj_VK)
+
+
+def test_propose_tree_is_the_paths_tree_in_template_order():
+    """propose_tree holds the nodes of the tree merged from propose's paths, in the template's
+    breadth-first order, so that its first n nodes are the draft of budget n."""
+    rng = random.Random(1)
+    V, k = 20, 8
+    for _ in range(30):
+        tr, _ = _random_recycling(rng, V, k, unknown=4)
+        tr.reset([rng.randrange(V)])
+        budget = rng.randrange(1, 90)
+
+        def seqs(tree):  # each node as its token sequence from the root
+            out = [()]
+            for t, p in zip(tree[0], tree[1]):
+                out.append(out[p] + (t,))
+            return out[1:]
+
+        tree = tr.propose_tree(budget)
+        assert set(seqs(tree)) == set(seqs(paths_to_tree(tr.propose(budget), budget)))
+        assert len(seqs(tree)) == len(set(seqs(tree)))
+        assert all(p < i for i, p in enumerate(tree[1], start=1))                 # topological
+        assert [len(s) for s in seqs(tree)] == tree[2] == sorted(tree[2])          # breadth-first
+        for n in range(1, budget + 1):   # a prefix is the smaller draft where every node is known
+            small = tr.propose_tree(n)
+            assert seqs(small) == seqs(tree)[: len(small[0])]
