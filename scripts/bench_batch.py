@@ -220,16 +220,13 @@ def paired_to_best_fixed(times: dict[tuple, list[float]], engines: dict) -> None
     best fixed tree is picked after the fact, so a tie reads slightly below 1."""
     from spec_core.scd.window import t95
 
+    ar = times[("ar", "")]
     for name in dict.fromkeys(k[0] for k in times if k[0] != "ar"):
-        keys = [k for k in times if k[0] == name]
-        fixed = [k for k in keys if engines[k].policy is None]
+        fixed = [k for k in times if k[0] == name and engines[k].policy is None]
         if not fixed:
             continue
-        ar = times[("ar", "")]
         best = max(fixed, key=lambda k: statistics.median(a / x for a, x in zip(ar, times[k])))  # as printed
-        for k in keys:
-            if engines[k].policy is None:
-                continue
+        for k in (k for k in times if k[0] == name and engines[k].policy is not None):
             logs = [math.log(f / g) for f, g in zip(times[best], times[k])]  # > 0: goodput faster
             m = sum(logs) / len(logs)
             half = (t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))) if len(logs) > 1 else math.inf
