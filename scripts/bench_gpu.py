@@ -14,13 +14,16 @@ drafts miss.
 
 Greedy, a fixed number of new tokens (EOS off on every side), one request per slot (`batch`
 requests, prompts of different lengths: HF left-pads). Sides are interleaved per repetition
-after one warm-up repetition (which also calibrates the goodput policy), the minimum of each is
-reported. Per batch: ms per generated token; the overhead share, step time outside the target's
-language-model forwards (hooks synchronized on CUDA, so it includes GPU time); the token-mismatch
+after one warm-up repetition (which also calibrates the goodput policy), the minimum and the
+median of each are reported (a VM's host is noisy; a launch-bound decode is paid on the host).
+Per batch, printed and written as it ends: ms per generated token; the overhead share, step time
+outside the target's language-model forwards (hooks synchronized on CUDA, so it includes GPU time); the token-mismatch
 rate of the engine's AR and of speculation against HF (position-wise; in bf16 greedy outputs may
 differ where logits tie within rounding, in fp32 they must not) and the fraction of sequences that
 differ; speculation's tokens per step and the goodput policy's mean nodes per step.
-Writes every figure to --out as JSON; prints a table. With --device cuda and no CUDA: prints
+--profile adds, per batch, one more pass of HF and engine AR under torch.profiler: kernel
+launches, aten ops and host waits on the device per token, and the operators with the most host
+time. Writes every figure to --out as JSON; prints a table. With --device cuda and no CUDA: prints
 'skipped: no CUDA' and exits 0 (the JSON then says so).
 """
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -154,34 +158,71 @@ def bench_batch(adapter, drafter, size: str, b: int, args, sync) -> dict:
     fig = {"requests": b, "prompt_tokens": [int(r.inputs["input_ids"].shape[1]) for r in reqs]}
     for name, r in best.items():
         fig[name] = {"ms_per_token": round(1e3 * r["seconds"] / tokens, 4),
+                     "median_ms_per_token": round(1e3 * statistics.median(x["seconds"] for x in runs[name]) / tokens, 4),
                      "overhead_share": round(1 - r["forward"] / r["seconds"], 4),
                      "seconds": [round(x["seconds"], 4) for x in runs[name]]}
         if name != "hf":
             fig[name]["mismatch_vs_hf"] = round(mismatch_rate(ref, r["out"]), 4)
             fig[name]["sequences_differ_vs_hf"] = round(sum(a != o for a, o in zip(ref, r["out"])) / b, 4)
             fig[name]["time_vs_hf"] = round(r["seconds"] / best["hf"]["seconds"], 4)
+            fig[name]["median_time_vs_hf"] = round(fig[name]["median_ms_per_token"] / fig["hf"]["median_ms_per_token"], 4)
     spec = best["speculative"]
     fig["speculative"]["tokens_per_step"] = round((spec["tokens"] - b) / max(spec["steps"], 1), 3)  # first: prefill
     fig["speculative"]["mismatch_vs_engine_ar"] = round(mismatch_rate(best["engine_ar"]["out"], spec["out"]), 4)
     fig["speculative"]["time_vs_engine_ar"] = round(spec["seconds"] / best["engine_ar"]["seconds"], 4)
     chosen = engines["speculative"].policy.chosen
     fig["speculative"]["goodput_nodes_per_step"] = round(sum(chosen) / max(len(chosen), 1), 2)
+    if args.profile:
+        fig["profile"] = {name: profile(engines[name], adapter, reqs, sync, tokens) for name in ("hf", "engine_ar")}
     return fig
 
 
-def print_table(res: dict) -> None:
+# host-side calls that wait for the device (each one drains the queue of launched kernels)
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaEventSynchronize")
+
+
+def profile(engine, adapter, reqs: list[Request], sync, tokens: int) -> dict:
+    """One more pass under torch.profiler: per generated token, kernel launches and host waits on
+    the device, and the operators with the most host time (a launch-bound decode is paid on the host)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with torch_profile(activities=activities) as prof:
+        run(engine, adapter, reqs, sync)
+    events = prof.key_averages()
+    count = {e.key: e.count for e in events}
+    top = sorted((e for e in events if not e.key.startswith("cuda")), key=lambda e: -e.self_cpu_time_total)[:12]
+    return {"kernel_launches_per_token": round(sum(c for k, c in count.items() if k.startswith("cudaLaunchKernel")) / tokens, 1),
+            "host_waits_per_token": {k: round(count[k] / tokens, 2) for k in SYNC_CALLS if k in count},
+            "ops_per_token": round(sum(e.count for e in events if e.key.startswith("aten::")) / tokens, 1),
+            "top_self_cpu_ms_per_token": {e.key: round(e.self_cpu_time_total / 1e3 / tokens, 3) for e in top}}
+
+
+def print_header(res: dict) -> None:
     print(f"\n{res['size']} target, {res['params'] / 1e6:,.1f} M parameters, {res['dtype']} on {res['device_name']}, "
           f"{res['max_new']} new tokens, min of {res['reps']} interleaved repetitions")
-    head = f"{'batch':>5} {'side':12} {'ms/token':>9} {'vs HF':>6} {'overhead':>9} {'mismatch':>9} {'seq differ':>10}"
-    print(head + "\n" + "-" * len(head))
-    for b, fig in res["batches"].items():
-        for name in ("hf", "engine_ar", "speculative"):
-            f = fig[name]
-            print(f"{b:>5} {name:12} {f['ms_per_token']:9.3f} {f.get('time_vs_hf', 1.0):6.2f} "
-                  f"{f['overhead_share']:9.1%} {f.get('mismatch_vs_hf', 0.0):9.2%} {f.get('sequences_differ_vs_hf', 0.0):10.0%}")
-        s = fig["speculative"]
-        print(f"{'':>5} speculation: {s['tokens_per_step']:.2f} tokens/step, goodput {s['goodput_nodes_per_step']:.1f} "
-              f"nodes/step, vs engine AR time {s['time_vs_engine_ar']:.2f}, mismatch vs AR {s['mismatch_vs_engine_ar']:.2%}")
+    print(TABLE_HEAD + "\n" + "-" * len(TABLE_HEAD), flush=True)
+
+
+TABLE_HEAD = (f"{'batch':>5} {'side':12} {'ms/token':>9} {'vs HF':>6} {'median':>7} {'vs HF':>6} {'overhead':>9} "
+              f"{'mismatch':>9} {'seq differ':>10}")
+
+
+def print_batch(b: str, fig: dict) -> None:
+    for name in ("hf", "engine_ar", "speculative"):
+        f = fig[name]
+        print(f"{b:>5} {name:12} {f['ms_per_token']:9.3f} {f.get('time_vs_hf', 1.0):6.2f} "
+              f"{f['median_ms_per_token']:7.3f} {f.get('median_time_vs_hf', 1.0):6.2f} "
+              f"{f['overhead_share']:9.1%} {f.get('mismatch_vs_hf', 0.0):9.2%} {f.get('sequences_differ_vs_hf', 0.0):10.0%}")
+    s = fig["speculative"]
+    print(f"{'':>5} speculation: {s['tokens_per_step']:.2f} tokens/step, goodput {s['goodput_nodes_per_step']:.1f} "
+          f"nodes/step, vs engine AR time {s['time_vs_engine_ar']:.2f}, mismatch vs AR {s['mismatch_vs_engine_ar']:.2%}",
+          flush=True)
+    for name, prof in fig.get("profile", {}).items():
+        print(f"{'':>5} profile {name}: per token {prof['kernel_launches_per_token']} kernel launches, "
+              f"{prof['ops_per_token']} aten ops, host waits {prof['host_waits_per_token']}; host ms per token, top ops:")
+        print("".join(f"{'':>7}{k:52} {v:8.3f}\n" for k, v in prof["top_self_cpu_ms_per_token"].items()), end="", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -195,17 +236,23 @@ def main(argv: list[str] | None = None) -> dict:
                     help="auto: bfloat16 on CUDA, float32 elsewhere")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--out", default=None, help="write the figures here as JSON")
+    ap.add_argument("--profile", action="store_true",
+                    help="per batch, one more pass of HF and engine AR under torch.profiler: kernel launches, "
+                         "host waits on the device and the top host-time operators per token")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench_gpu: skipped: no CUDA")
         res = {"skipped": "no CUDA"}
     else:
         res = measure(args)
-        print_table(res)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res, indent=2))
+    write(args.out, res)
     return res
+
+
+def write(out: str | None, res: dict) -> None:
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(res, indent=2))
 
 
 def measure(args) -> dict:
@@ -226,8 +273,11 @@ def measure(args) -> dict:
            "params": sum(p.numel() for p in model.parameters()),
            "drafter_params": sum(p.numel() for p in drafter.parameters()),
            "max_new": args.max_new, "reps": args.reps, "build_s": round(build_s, 2), "batches": {}}
-    for b in args.batch or [1, 8, 32]:
-        res["batches"][str(b)] = bench_batch(adapter, drafter, args.size, b, args, sync)
+    print_header(res)
+    for b in args.batch or [1, 8, 32]:  # each batch printed and written as it ends (a killed run keeps them)
+        res["batches"][str(b)] = fig = bench_batch(adapter, drafter, args.size, b, args, sync)
+        print_batch(str(b), fig)
+        write(args.out, res)
     if cuda:
         res["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     res["total_s"] = round(time.perf_counter() - t0, 1)

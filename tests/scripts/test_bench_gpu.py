@@ -31,12 +31,29 @@ def test_tiny_cpu_run_writes_every_figure(tmp_path):
         assert fig["requests"] == int(b) and len(fig["prompt_tokens"]) == int(b)
         for side in ("hf", "engine_ar", "speculative"):
             assert fig[side]["ms_per_token"] > 0 and 0 <= fig[side]["overhead_share"] < 1
-            assert len(fig[side]["seconds"]) == 1
+            assert len(fig[side]["seconds"]) == 1  # one repetition: its median is its minimum
+            assert fig[side]["median_ms_per_token"] == fig[side]["ms_per_token"]
         for side in ("engine_ar", "speculative"):  # fp32 on CPU: greedy is token-identical to HF
             assert fig[side]["mismatch_vs_hf"] == 0 and fig[side]["sequences_differ_vs_hf"] == 0
+        assert "profile" not in fig
         spec = fig["speculative"]
         assert spec["mismatch_vs_engine_ar"] == 0 and spec["tokens_per_step"] >= 1
         assert spec["goodput_nodes_per_step"] >= 0 and spec["time_vs_engine_ar"] > 0
+
+
+def test_profile_counts_host_work_per_token(tmp_path):
+    out = tmp_path / "bench.json"
+    load_script().main(["--device", "cpu", "--size", "tiny", "--batch", "2", "--max-new", "4", "--reps", "2",
+                        "--profile", "--out", str(out)])
+    fig = json.loads(out.read_text())["batches"]["2"]
+    for side in ("hf", "engine_ar"):
+        sec = fig[side]["seconds"]
+        assert len(sec) == 2 and min(sec) - 1e-4 <= fig[side]["median_ms_per_token"] * 8 / 1e3 <= max(sec) + 1e-4  # rounded
+        prof = fig["profile"][side]
+        assert prof["kernel_launches_per_token"] == 0 and prof["host_waits_per_token"] == {}  # CPU: no CUDA runtime
+        assert prof["ops_per_token"] > 10  # a 2-layer decoder runs dozens of aten ops per token
+        assert 0 < len(prof["top_self_cpu_ms_per_token"]) <= 12
+        assert all(k.startswith("aten::") or not k.startswith("cuda") for k in prof["top_self_cpu_ms_per_token"])
 
 
 def test_mismatch_rate_is_position_wise():
