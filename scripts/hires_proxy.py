@@ -9,6 +9,8 @@ the question, read from the image: `answer_kinds`).
     # then one arm per change, sharing that tower (two arms run side by side on 2 cores)
     python scripts/hires_proxy.py --out /tmp/proxy/base --tower /tmp/proxy/stage1
     python scripts/hires_proxy.py --out /tmp/proxy/read --tower /tmp/proxy/stage1 --set read_focus=true
+    python scripts/hires_proxy.py --out /tmp/proxy/signs --tower /tmp/proxy/stage1 --set read_focus=true \
+        --set read_weight=1 --set read_loss_words=signs     # the read loss on sign words only
 
 `--tower` takes any saved hires target (a build's `target/` too): its tokenizer, processor, vision
 tower, projector and `image_newline` are kept, the decoder is new. `--set` overrides fields of the

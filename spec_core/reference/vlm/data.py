@@ -194,10 +194,12 @@ class TaskPool:
               focus: Callable[[dict], list[np.ndarray | list[np.ndarray]]] | None = None,
               copy_words: frozenset[str] | None = None,
               reads: Callable[[dict], list[dict[str, np.ndarray] | list[dict[str, np.ndarray]]]] | None = None,
-              ) -> TaskPool:
+              read_words: frozenset[str] | None = None) -> TaskPool:
         """`focus(sample)`: per assistant turn, the indices of the image tokens its answer reads
         (or a list of them, one per sentence: `focus_pairs`); `reads(sample)`: per turn, word ->
         the image tokens that show it, where the focus narrows to them (`read_pairs`, `sharpen`);
+        `read_words`: only positions predicting one of these words are read positions (`read`,
+        the read loss's), the focus narrows for every read word (None: every read word);
         `copy_words`: the words whose repetitions from the question are taught (`copy_pairs`)."""
         rows: dict[str, int] = {}
         pngs = []
@@ -222,7 +224,8 @@ class TaskPool:
                     words = token_words(processor.tokenizer, ids)
                     rp = read_pairs(ids, labels, image_id, words, reads(s), stop_id)
                     pairs = sharpen(pairs, rp)
-                    rd.setdefault(s["task"], []).append([int(q[0]) for q, _ in rp])
+                    rd.setdefault(s["task"], []).append([int(q[0]) for q, _ in rp
+                                                         if read_words is None or words[int(q[0]) + 1] in read_words])
                 foc.setdefault(s["task"], []).append(pairs)
             if copy_words:
                 cop.setdefault(s["task"], []).append(copy_pairs(ids, labels, content))

@@ -6,6 +6,7 @@ outputs zeroed; the pool's read positions; and a few training steps that lower i
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -16,17 +17,18 @@ from spec_core.reference.tasks import corpus_texts
 from spec_core.reference.vlm.data import TaskPool, token_words
 from spec_core.reference.vlm.model import PRESETS, build_processor, build_vlm
 from spec_core.reference.vlm.tokenizer import train_tokenizer
-from spec_core.reference.vlm.train import HeadOutputs, VLMTrainConfig, read_loss, train_vlm
-from spec_core.reference.vocab import COLOURS, SHAPES
+from spec_core.reference.vlm.train import READ_LOSS_WORDS, HeadOutputs, VLMTrainConfig, read_loss, train_vlm
+from spec_core.reference.vocab import COLOURS, SHAPES, WORDS
 
 
-def _world():
-    samples = [hires.make_sample(i, "general_vqa", 0, "train") for i in range(16)]
+def _world(read_words: frozenset[str] | None = None, tasks: tuple[str, ...] = ("general_vqa",)):
+    samples = [hires.make_sample(i, t, 0, "train") for i in range(16) for t in tasks]
     tok = train_tokenizer([*corpus_texts(samples), *sorted(hires.all_words())], 1024)
     size = PRESETS["tiny-hires"]
     side = size.image_size // size.patch
     pool = TaskPool.build(samples, build_processor(size, tok), size.n_image_tokens,
-                          focus=lambda s: sample_region_tokens(s, side), reads=lambda s: sample_read_tokens(s, side))
+                          focus=lambda s: sample_region_tokens(s, side), reads=lambda s: sample_read_tokens(s, side),
+                          read_words=read_words)
     return tok, size, pool
 
 
@@ -41,6 +43,24 @@ def test_read_positions_predict_words_the_image_shows():
     assert n > 0
     b = pool.batch("general_vqa", 4, np.random.default_rng(0))
     assert b["read_BT"].shape == b["input_ids"].shape and bool(b["read_BT"].any())
+
+
+def test_read_words_keep_only_their_read_positions_and_every_read_focus():
+    tasks = ("general_vqa", "text_vqa")
+    tok, _, every = _world(tasks=tasks)
+    _, _, signs = _world(READ_LOSS_WORDS["signs"], tasks)
+    kept = dropped = 0
+    for task in tasks:
+        for (_, ids, _), all_q, sign_q in zip(every.examples[task], every.read[task], signs.read[task]):
+            words = token_words(tok, ids)
+            assert sign_q == [q for q in all_q if words[q + 1] in WORDS]  # the same positions, filtered
+            kept, dropped = kept + len(sign_q), dropped + len(all_q) - len(sign_q)
+        for a, b in zip(every.focus[task], signs.focus[task]):  # the focus narrows for every read word still
+            assert [(q.tolist(), k.tolist()) for q, k in a] == [(q.tolist(), k.tolist()) for q, k in b]
+    assert kept > 0 and dropped > 0  # sign words and colours / shapes both occur
+    assert READ_LOSS_WORDS["all"] is None
+    with pytest.raises(ValueError, match="read_loss_words"):
+        VLMTrainConfig(read_loss_words="sign")
 
 
 def test_the_read_loss_is_the_heads_direct_contribution_decoded():
