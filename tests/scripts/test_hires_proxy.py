@@ -24,10 +24,11 @@ def _run(*args: str) -> dict:
 
 def test_two_arms_share_a_tower_and_report_their_figures(tmp_path):
     first = _run("--out", str(tmp_path / "a"), *SMALL, "--set", "vision_steps=5", "--set", "vision_pool=32")
-    assert "vision_acc_panel" in first["stage1"] and first["config"]["train"]["read_focus"] is False
-    second = _run("--out", str(tmp_path / "b"), "--tower", str(tmp_path / "a"), *SMALL, "--set", "read_focus=true",
+    train = first["config"]["train"]  # the hires preset's: object-level focus, the read loss on sign words
+    assert "vision_acc_panel" in first["stage1"] and (train["read_focus"], train["read_loss_words"]) == (True, "signs")
+    second = _run("--out", str(tmp_path / "b"), "--tower", str(tmp_path / "a"), *SMALL, "--set", "read_focus=false",
                   "--layers", "3")
-    assert "stage1" not in second and second["config"]["train"]["read_focus"] is True
+    assert "stage1" not in second and second["config"]["train"]["read_focus"] is False
     for fig in (first, second):
         assert {"exact_match_general_vqa", "exact_match_text_vqa", "region_dependence"} <= set(fig["quality"])
         assert any(k.startswith("general_vqa/") for k in fig["answer_tokens"])
@@ -43,3 +44,7 @@ def test_two_arms_share_a_tower_and_report_their_figures(tmp_path):
     bad = subprocess.run([sys.executable, "scripts/hires_proxy.py", "--out", str(tmp_path / "c"), "--set", "nope=1"],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode != 0 and "VLMTrainConfig field" in bad.stderr
+    typo = subprocess.run([sys.executable, "scripts/hires_proxy.py", "--out", str(tmp_path / "d"), "--set",
+                           "read_loss_words=sign"], cwd=REPO, capture_output=True, text=True)
+    assert typo.returncode != 0 and "read_loss_words must be one of" in typo.stderr  # before any work
+    assert not (tmp_path / "d").exists()
