@@ -17,8 +17,8 @@ requests, prompts of different lengths: HF left-pads). Sides are interleaved per
 after one warm-up repetition (which also calibrates the goodput policy), the minimum and the
 median of each are reported (a VM's host is noisy; a launch-bound decode is paid on the host).
 Per batch, printed and written as it ends: ms per generated token; the overhead share, step time
-outside the target's language-model forwards (hooks synchronized on CUDA, so it includes GPU time); the token-mismatch
-rate of the engine's AR and of speculation against HF (position-wise; in bf16 greedy outputs may
+outside the target's language-model forwards (hooks synchronized on CUDA, so it includes GPU
+time); the token-mismatch rate of the engine's AR and of speculation against HF (position-wise; in bf16 greedy outputs may
 differ where logits tie within rounding, in fp32 they must not) and the fraction of sequences that
 differ; speculation's tokens per step and the goodput policy's mean nodes per step.
 --profile adds, per batch, one more pass of HF and engine AR under torch.profiler: kernel
@@ -179,6 +179,8 @@ def bench_batch(adapter, drafter, size: str, b: int, args, sync) -> dict:
 
 # host-side calls that wait for the device (each one drains the queue of launched kernels)
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaEventSynchronize")
+# kernel launches: through the runtime API and through the driver API (CUDA 13's libraries use both)
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel")
 
 
 def profile(engine, adapter, reqs: list[Request], sync, tokens: int) -> dict:
@@ -193,20 +195,20 @@ def profile(engine, adapter, reqs: list[Request], sync, tokens: int) -> dict:
     events = prof.key_averages()
     count = {e.key: e.count for e in events}
     top = sorted((e for e in events if not e.key.startswith("cuda")), key=lambda e: -e.self_cpu_time_total)[:12]
-    return {"kernel_launches_per_token": round(sum(c for k, c in count.items() if k.startswith("cudaLaunchKernel")) / tokens, 1),
+    return {"kernel_launches_per_token": round(sum(c for k, c in count.items() if k.startswith(LAUNCH_CALLS)) / tokens, 1),
             "host_waits_per_token": {k: round(count[k] / tokens, 2) for k in SYNC_CALLS if k in count},
             "ops_per_token": round(sum(e.count for e in events if e.key.startswith("aten::")) / tokens, 1),
             "top_self_cpu_ms_per_token": {e.key: round(e.self_cpu_time_total / 1e3 / tokens, 3) for e in top}}
+
+
+TABLE_HEAD = (f"{'batch':>5} {'side':12} {'ms/token':>9} {'vs HF':>6} {'median':>7} {'vs HF':>6} {'overhead':>9} "
+              f"{'mismatch':>9} {'seq differ':>10}")
 
 
 def print_header(res: dict) -> None:
     print(f"\n{res['size']} target, {res['params'] / 1e6:,.1f} M parameters, {res['dtype']} on {res['device_name']}, "
           f"{res['max_new']} new tokens, min of {res['reps']} interleaved repetitions")
     print(TABLE_HEAD + "\n" + "-" * len(TABLE_HEAD), flush=True)
-
-
-TABLE_HEAD = (f"{'batch':>5} {'side':12} {'ms/token':>9} {'vs HF':>6} {'median':>7} {'vs HF':>6} {'overhead':>9} "
-              f"{'mismatch':>9} {'seq differ':>10}")
 
 
 def print_batch(b: str, fig: dict) -> None:

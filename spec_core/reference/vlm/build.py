@@ -53,7 +53,6 @@ def task_pool(size: VLMSize, tcfg: VLMTrainConfig, samples: list[dict], processo
                           read_words=READ_LOSS_WORDS[tcfg.read_loss_words])
 
 
-
 def build_target(preset: str, out_dir: str, seed: int = 0, samples: list[dict] | None = None,
                  log: Callable[[str], None] | None = None, progress: Callable | None = None) -> dict:
     """Train the reference VLM for a preset (see the module doc) and save it to out_dir."""

@@ -224,8 +224,9 @@ class TaskPool:
                     words = token_words(processor.tokenizer, ids)
                     rp = read_pairs(ids, labels, image_id, words, reads(s), stop_id)
                     pairs = sharpen(pairs, rp)
-                    rd.setdefault(s["task"], []).append([int(q[0]) for q, _ in rp
-                                                         if read_words is None or words[int(q[0]) + 1] in read_words])
+                    queries = [int(q[0]) for q, _ in rp]
+                    rd.setdefault(s["task"], []).append(
+                        [q for q in queries if read_words is None or words[q + 1] in read_words])
                 foc.setdefault(s["task"], []).append(pairs)
             if copy_words:
                 cop.setdefault(s["task"], []).append(copy_pairs(ids, labels, content))
