@@ -100,7 +100,14 @@ def trees_to_batch(trees: list[Tree], device=None, pad_token: int = 0) -> DraftT
 
 
 def propose_batch(proposers: list[Proposer | None], budget: int, device=None, pad_token: int = 0) -> DraftTree:
-    """Each proposer's paths as one padded `DraftTree`; None (an empty slot) gives no nodes."""
+    """Each proposer's paths as one padded `DraftTree`; None (an empty slot) gives no nodes.
+    Proposers whose class drafts a batch at once (`batch_tree`, Token Recycling over a shared
+    matrix) do so; it returns None where it does not apply."""
+    live = next((p for p in proposers if p is not None), None)
+    if live is not None and hasattr(type(live), "batch_tree"):
+        tree = type(live).batch_tree(proposers, budget, device, pad_token)
+        if tree is not None:
+            return tree
     trees = [([], [], []) if p is None else p.propose_tree(budget) if hasattr(p, "propose_tree")
              else paths_to_tree(p.propose(budget), budget) for p in proposers]
     return trees_to_batch(trees, device, pad_token)

@@ -24,3 +24,33 @@ def test_bad_values_are_refused():
         TreeConfig(step_tokens=-1)
     with pytest.raises(ValueError):
         TreeConfig(budget=0)
+
+
+def test_ancestor_mask_against_walking_the_parents():
+    """anc[b, i, j] iff j is i or on i's chain of parents up to the root; a self-parented pad is
+    its own only ancestor."""
+    import random
+
+    import torch
+
+    from spec_core.decoding.tree import ancestor_mask
+
+    rng = random.Random(0)
+    for _ in range(50):
+        B, N = rng.randrange(1, 4), rng.randrange(0, 30)
+        parent = [[0] * N for _ in range(B)]
+        depth = 0
+        for b in range(B):
+            real = rng.randrange(0, N + 1)
+            for i in range(1, N + 1):
+                parent[b][i - 1] = rng.randrange(0, i) if i <= real else i  # pads: their own parent
+        want = torch.zeros(B, N + 1, N + 1, dtype=torch.bool)
+        for b in range(B):
+            for i in range(N + 1):
+                j, d = i, 0
+                want[b, i, i] = True
+                while j and parent[b][j - 1] != j:
+                    j, d = parent[b][j - 1], d + 1
+                    want[b, i, j] = True
+                depth = max(depth, d)
+        assert torch.equal(ancestor_mask(torch.tensor(parent, dtype=torch.long).reshape(B, N), depth), want)

@@ -155,3 +155,39 @@ def test_propose_tree_is_the_paths_tree_in_template_order():
         for n in range(1, budget + 1):   # a prefix is the smaller draft where every node is known
             small = tr.propose_tree(n)
             assert seqs(small) == seqs(tree)[: len(small[0])]
+
+
+def test_batch_tree_is_every_slots_tree_padded():
+    """Slots sharing one matrix draft at once: the same `DraftTree` as each slot's `propose_tree`
+    padded by `trees_to_batch` (empty slots, an unknown last token, unknown rows, any budget)."""
+    from spec_core.decoding.proposers import propose_batch, trees_to_batch
+
+    rng = random.Random(3)
+    V, k = 20, 8
+    for _ in range(40):
+        tr, _ = _random_recycling(rng, V, k, unknown=rng.choice([0, 4, 12]))
+        slots = []
+        for _ in range(rng.randrange(1, 7)):
+            p = None if rng.random() < 0.2 else TokenRecycling(V, k, adj_VK=tr.adj_VK)
+            if p is not None:
+                p.reset([] if rng.random() < 0.1 else [rng.randrange(V)])
+            slots.append(p)
+        budget = rng.randrange(0, 90)
+        want = trees_to_batch([([], [], []) if p is None else p.propose_tree(budget) for p in slots])
+        got = propose_batch(slots, budget)
+        if all(p is None for p in slots):
+            assert got.size == 0
+            continue
+        direct = TokenRecycling.batch_tree(slots, budget)
+        for tree in (got, direct):
+            for name in ("tokens_BN", "parent_BN", "depth_BN", "anc_BMM"):
+                assert torch.equal(getattr(tree, name), getattr(want, name)), name
+
+
+def test_batch_tree_declines_other_matrices_and_templates():
+    a = TokenRecycling(10, 2, template=(2, 0, 0))
+    b = TokenRecycling(10, 2, template=(2, 0, 0))  # its own matrix
+    c = TokenRecycling(10, 2, template=(1, 0), adj_VK=a.adj_VK)  # another template
+    assert TokenRecycling.batch_tree([a, b], 4) is None
+    assert TokenRecycling.batch_tree([a, None, c], 4) is None
+    assert TokenRecycling.batch_tree([a, None, a], 4) is not None
