@@ -18,9 +18,10 @@ after one warm-up repetition (which also calibrates the goodput policy), the min
 median of each are reported (a VM's host is noisy; a launch-bound decode is paid on the host).
 Per batch, printed and written as it ends: ms per generated token; the overhead share, step time
 outside the target's language-model forwards (hooks synchronized on CUDA, so it includes GPU
-time); the token-mismatch rate of the engine's AR and of speculation against HF (position-wise; in bf16 greedy outputs may
-differ where logits tie within rounding, in fp32 they must not) and the fraction of sequences that
-differ; speculation's tokens per step and the goodput policy's mean nodes per step.
+time); the token-mismatch rate of the engine's AR and of speculation against HF (position-wise;
+in bf16 greedy outputs may differ where logits tie within rounding, in fp32 they must not) and the
+fraction of sequences that differ; speculation's tokens per step and the goodput policy's mean
+nodes per step.
 --profile adds, per batch, one more pass of HF and engine AR under torch.profiler: kernel
 launches, aten ops and host waits on the device per token, and the operators with the most host
 time. Writes every figure to --out as JSON; prints a table. With --device cuda and no CUDA: prints
