@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from jobs.lib.config import Strict
 
@@ -40,16 +41,34 @@ class _StageErrorWithoutTraceback(logging.Filter):
         return True
 
 
-# the loggers that report a Ray Data stage's exception on the driver before raising it
-_STAGE_ERROR_LOGGERS = ("ray.data._internal.execution.streaming_executor_state",
-                        "ray.data._internal.execution.streaming_executor")
+class _StageErrorLeftToTheJob(logging.Filter):
+    """Where a stage's exception reaches the driver before the dataset's first output, Ray Data's
+    `omit_traceback_stdout` takes it (a RayTaskError of the stage's own exception, as
+    `raise_original_map_exception` makes it) for a bug of Ray's own: 'Exception occurred in Ray
+    Data or Ray Core internal code ... open an issue', then the whole trace. The job reports that
+    exception itself (one line, or a bug's traceback once): drop Ray's records of it. Records
+    logged while no such exception is being handled pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from ray.exceptions import RayError, RayTaskError
+
+        err = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
+        cause = getattr(err, "cause", None) if isinstance(err, RayTaskError) else None
+        return cause is None or isinstance(cause, RayError)
+
+
+# the loggers that report a Ray Data stage's exception on the driver before raising it, and
+# the filter each gets
+_STAGE_ERROR_LOGGERS = {"ray.data._internal.execution.streaming_executor_state": _StageErrorWithoutTraceback,
+                        "ray.data._internal.execution.streaming_executor": _StageErrorWithoutTraceback,
+                        "ray.data.exceptions": _StageErrorLeftToTheJob}
 
 
 def _quiet_stage_tracebacks() -> None:
-    for name in _STAGE_ERROR_LOGGERS:
+    for name, kind in _STAGE_ERROR_LOGGERS.items():
         log = logging.getLogger(name)
-        if not any(isinstance(f, _StageErrorWithoutTraceback) for f in log.filters):
-            log.addFilter(_StageErrorWithoutTraceback())
+        if not any(isinstance(f, kind) for f in log.filters):
+            log.addFilter(kind())
 
 
 def init_ray(cfg: RayConfig) -> dict:

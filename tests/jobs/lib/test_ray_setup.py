@@ -1,6 +1,7 @@
 """Ray start-up: a job joins the cluster named by RAY_ADDRESS (as `ray job submit` sets it)."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -25,3 +26,49 @@ def test_job_joins_the_cluster_in_ray_address(ray_head, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     metrics = next(tmp_path.rglob("metrics.json"))
     assert json.loads(metrics.read_text())["figures"]["ray"] == "joined"
+
+
+_FAILING_STAGE = """
+import sys
+import ray
+from jobs.lib.job import one_line_errors
+from jobs.lib.ray_setup import RayConfig, init_ray
+from jobs.lib.storage import StorageUnavailable
+
+class Stage:
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __call__(self, batch):
+        if self.kind == "storage":
+            raise StorageUnavailable("write s3://b/k: storage unreachable for 5.0 s")
+        raise KeyError("a bug")
+
+init_ray(RayConfig(num_cpus=2))
+ds = ray.data.range(4, override_num_blocks=2).map_batches(Stage, fn_constructor_args=(sys.argv[1],),
+                                                                compute=ray.data.ActorPoolStrategy(size=1), batch_size=2)
+with one_line_errors("precompute", ConnectionError):
+    for _ in ds.iter_rows():  # the stage fails before the dataset's first output
+        pass
+"""
+
+
+def test_a_stage_failing_before_any_output_is_said_once(tmp_path):
+    """A stage's exception that reaches the driver before any output is the job's to report:
+    a user error in one line without Ray's 'internal code' trace, a bug with one traceback."""
+    script = tmp_path / "stage.py"
+    script.write_text(_FAILING_STAGE)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    said = {}
+    for kind in ("storage", "bug"):
+        said[kind] = r = subprocess.run([sys.executable, str(script), kind], cwd=REPO, env=env,
+                                        capture_output=True, text=True, timeout=240)
+        assert "Ray Data or Ray Core internal code" not in r.stderr, r.stderr[-3000:]
+    storage, bug = said["storage"], said["bug"]
+    assert storage.returncode == 1, storage.stderr[-3000:]
+    assert not any(line.startswith("Traceback") for line in storage.stderr.splitlines()), storage.stderr[-3000:]
+    assert storage.stderr.strip().splitlines()[-1] == (
+        "precompute: StorageUnavailable: write s3://b/k: storage unreachable for 5.0 s")
+    # a bug: the job's own traceback, once, ending in the stage's exception
+    assert bug.returncode == 1 and bug.stderr.count("Traceback (most recent call last)") == 1, bug.stderr[-3000:]
+    assert bug.stderr.strip().splitlines()[-1].startswith("KeyError: 'a bug"), bug.stderr[-3000:]
