@@ -331,6 +331,14 @@ class _Curves:
         self._V = np.concatenate([V_KM[:, 1:], np.full((self.depth - self._known, self.budget), -1.0)])
 
 
+def _halvings(width: int) -> list[int]:
+    """width, halved (rounding up) down to 1, ascending: 6 -> [1, 2, 3, 6]."""
+    out = [width]
+    while out[-1] > 1:
+        out.append((out[-1] + 1) // 2)
+    return sorted(set(out))
+
+
 class GoodputPolicy:
     """Per engine: the cost and acceptance models and the two choices each step makes with them.
 
@@ -349,10 +357,11 @@ class GoodputPolicy:
     so a tree expanding the best N per depth holds exactly the best N nodes of the full-width tree.
     A draft's seconds per depth are a line in the rows it expands (slots x w), fitted as the widths
     vary; V_d(N) is learnt from a narrowed tree for N <= w only (beyond, full-width trees - the
-    explorations and probes - keep it). The plan also weighs a narrower draft class (about half the
-    width: `classes`), with value curves of its own learnt from the trees drafted that wide (an
-    exploration drafts each class in turn): fewer rows per depth cost less, and where a depth costs
-    more than the few nodes a wider draft adds are worth (a CPU at batch 1), the narrower class wins.
+    explorations and probes - keep it). The plan also weighs narrower draft classes (the width halved
+    down to a chain: `classes`), each with value curves of its own learnt from the trees drafted that
+    wide (an exploration drafts each class in turn): fewer rows per depth cost less, and where a
+    depth costs more than the few nodes a wider draft adds are worth (a CPU at batch 1; a confident
+    drafter at batch 16, whose best few nodes are one chain), the narrower class wins.
 
     The first steps explore (the full tree, none, half and a quarter of the budget, then the full
     budget at each narrower width class) so that the
@@ -388,11 +397,12 @@ class GoodputPolicy:
         self.width = width                     # None: the draft's width is not the policy's to choose
         self.draft_width = width               # this step's planned width
         self.draft_nodes: int | None = None    # this step's bound on a proposer's draft (None: the budget)
-        # the draft widths a plan chooses among (then narrowed to min(w, N)): the full width and about
-        # half of it - a narrower draft costs less per depth and loses little where few nodes pay
-        # (measured on 2 cores at batch 1: a fixed 3-wide 6-deep 12-node tree 1.91x AR where the
-        # policy drafting 6 wide reached 1.79x)
-        self.classes: list[int | None] = [None] if width is None else sorted({max(1, (width + 1) // 2), width})
+        # the draft widths a plan chooses among (then narrowed to min(w, N)): the full width, then
+        # halved down to a chain (6, 3, 2, 1) - a narrower draft costs less per depth and loses little
+        # where few nodes pay (measured on 2 cores: at batch 1 a fixed 3-wide 6-deep 12-node tree
+        # 1.91x AR where the policy drafting 6 wide reached 1.79x; at batch 16 a 3-deep chain 1.50x
+        # where the policy, its narrowest class 3 wide, reached 1.24x)
+        self.classes: list[int | None] = [None] if width is None else _halvings(width)
         self.curves = [_Curves(budget, depth, alpha, depth_scaled) for _ in self.classes]
         self._class = self._plan_class = len(self.classes) - 1  # this step's width class, the last plan's
         # explorations: (node count, width class) - the full tree, none, half and a quarter of the

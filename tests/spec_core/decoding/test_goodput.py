@@ -430,23 +430,25 @@ def test_the_engine_gives_each_step_its_wall_seconds_without_the_admissions_pref
 
 
 def test_the_plan_chooses_the_draft_width_by_the_brute_force_best_rate():
-    """A feature drafter's plan weighs the full width and about half of it, each with the value
+    """A feature drafter's plan weighs the full width halved down to a chain, each with the value
     curves of trees drafted that wide (the explorations draft every width): where a depth costs
     more per row expanded the narrower draft wins, and the plan is the brute-force best
     (width, depth, nodes) of the rates its curves and costs give."""
     from spec_core.decoding.tree import DraftTree, ancestor_mask
 
-    def tree(width: int) -> DraftTree:  # the narrower draft misses the full tree's 2nd and 5th best nodes
-        parent = torch.tensor([[0, 1, 2, 0, 4, 3]])
+    def tree(width: int) -> DraftTree:  # the narrower draft misses the full tree's 2nd and 5th best
+        parent = torch.tensor([[0, 1, 2, 0, 4, 3]])  # nodes; a chain (width 1) keeps its first three
         depth = torch.tensor([[1, 2, 3, 1, 2, 3]])
         conf = [0.95, 0.9, 0.85, 0.3, 0.2, 0.1] if width == 6 else [0.95, 0.8, 0.75, 0.3, 0.1, 0.05]
-        score = torch.log(torch.tensor([conf], dtype=torch.float64))
-        return DraftTree(torch.zeros(1, 6, dtype=torch.long), parent, depth, ancestor_mask(parent, 3), score)
+        n = 3 if width == 1 else 6
+        parent, depth = parent[:, :n], depth[:, :n]
+        score = torch.log(torch.tensor([conf[:n]], dtype=torch.float64))
+        return DraftTree(torch.zeros(1, n, dtype=torch.long), parent, depth, ancestor_mask(parent, 3), score)
 
     chosen = []
     for slope in (0.0, 0.0005, 0.002):  # seconds per depth per row expanded
         pol = GoodputPolicy(budget=6, depth=3, width=6)
-        assert pol.classes == [3, 6] and [c for _, c in pol.explore] == [1, 1, 1, 1, 0]
+        assert pol.classes == [1, 2, 3, 6] and [c for _, c in pol.explore] == [3, 3, 3, 3, 0, 1, 2]
         pol.cost = _cost(0.01, 0.0001)
         for rows in (3, 6, 3, 6):
             pol.cost.observe_draft(1, 0.001 + slope * rows, rows=rows)
@@ -466,4 +468,5 @@ def test_the_plan_chooses_the_draft_width_by_the_brute_force_best_rate():
             pytest.approx(rates[best]), slope
         assert pol.plan(1, 1) == best[1] and pol.draft_width == min(best[0], best[2])
         chosen.append(pol.draft_width)
-    assert chosen == [6, 3, 2]  # costlier rows: narrower drafts (the half-width class, then narrowed to 2 nodes)
+    # costlier rows: narrower drafts (2 wide, whose tree is the 3-wide one's here; then the chain)
+    assert chosen == [6, 2, 1]
