@@ -334,9 +334,9 @@ class _Curves:
 def _halvings(width: int) -> list[int]:
     """width, halved (rounding up) down to 1, ascending: 6 -> [1, 2, 3, 6]."""
     out = [width]
-    while out[-1] > 1:
+    while out[-1] > 1:  # (w + 1) // 2 < w for w > 1: no repeats
         out.append((out[-1] + 1) // 2)
-    return sorted(set(out))
+    return out[::-1]
 
 
 class GoodputPolicy:
