@@ -213,6 +213,11 @@ class AcceptanceModel:
         self.node_acc = np.zeros(max_nodes)  # per node index (no prior: the depth's)
         self.node_seen = np.zeros(max_nodes)
 
+    def bucket_p(self) -> np.ndarray:
+        """(buckets,) P(accepted) per confidence bucket, non-decreasing in confidence (as `predict`
+        keeps a score-ordered row non-increasing)."""
+        return np.minimum.accumulate((self.conf_acc / self.conf_seen)[::-1])[::-1]
+
     def _index(self, shape: tuple[int, int]) -> np.ndarray:
         return np.broadcast_to(np.minimum(np.arange(shape[1]), len(self.node_seen) - 1), shape)
 
@@ -226,8 +231,8 @@ class AcceptanceModel:
         """(B, N) probabilities; along each row non-increasing where the nodes are ordered by score
         (a prefix never values a node above one before it)."""
         score = None if score_BN is None else _host(score_BN)
-        acc, seen = (self.conf_acc, self.conf_seen) if score is not None else (self.depth_acc, self.depth_seen)
-        p_BN = (acc / seen)[self._keys(score, _host(depth_BN))]
+        by_key = self.bucket_p() if score is not None else self.depth_acc / self.depth_seen
+        p_BN = by_key[self._keys(score, _host(depth_BN))]
         if not p_BN.size:
             return p_BN
         if score is None and len(self.node_seen):  # by index, from the depth's
@@ -281,54 +286,94 @@ def choose_nodes(p_BN: torch.Tensor | np.ndarray, active_B: torch.Tensor | np.nd
 
 class _Curves:
     """V_d(N) of the trees drafted at one width: expected accepted drafts per slot of the best N nodes
-    of a depth-d tree, d = 1..depth, N = 0..budget (see `learn`)."""
+    of a depth-d tree, d = 1..depth, N = 0..budget (see `learn`).
+
+    For a drafter that scores its nodes the curves hold what the drafts were, not what they were
+    worth: per (d, N) the mean count of the best N nodes in each confidence bucket, weighed by the
+    acceptance model's calibration at plan time (`V`). A curve learnt from p's would keep the
+    calibration of the time it was learnt: the deep curves, learnt from the rarer deep drafts, would
+    be weighed on an older calibration than the shallow ones (measured: the first exploration's
+    curves, on the prior's calibration, kept a slowly learning plan on a 2-deep chain, 0.88x of the
+    CPU tree). A proposer's nodes carry no score: its curves hold p's (one 'bucket' worth 1)."""
 
     def __init__(self, budget: int, depth: int, alpha: float, depth_scaled: bool):
         self.budget, self.depth, self.alpha, self.depth_scaled = budget, depth, alpha, depth_scaled
-        self.value: list[list[float] | None] = [None] * (depth + 1)  # V_d(N), N = 0..budget (EMA)
-        self._gain = np.zeros((depth + 1, budget + 1))  # V_d - V_{d-1} (V_0 = 0), EMA
+        self._gain: np.ndarray | None = None  # (depth + 1, budget + 1, K): V_d - V_{d-1} (V_0 = 0) per bucket, EMA
         self._known = 0  # depths 1.._known have a gain (a tree drafted to depth d measures 1..d)
-        self._V: np.ndarray | None = None  # V_d(N), d = 1..depth, N = 1..budget (-1: no curve yet); None: none
+        self._n = np.zeros((depth + 1, budget + 1))  # trees that taught each V_d(N)
+        self._V_KMK: np.ndarray | None = None  # the gains summed over depth, d = 1.._known; None: none yet
+        self._buckets = 0  # what the curves hold: counts per confidence bucket, or (0) p's
 
-    def learn(self, p_BN: np.ndarray, depth_BN: np.ndarray, active_B: np.ndarray, drafted: int,
-              narrowed: int | None = None, learn_every: int = 1) -> None:
+    def learn(self, x_BN: np.ndarray, depth_BN: np.ndarray, active_B: np.ndarray, drafted: int,
+              narrowed: int | None = None, learn_every: int = 1, buckets: int = 0) -> None:
         """V_d(N) for every d up to the depth this tree was drafted to: its nodes of depth <= d in
         order (a prefix of the same order a depth-d tree would have), mean over active slots of
-        their cumulative p. Where the budget kept no node deeper than some d' < drafted, the curves
-        of d' .. drafted are the same: drafting deeper would have bought nothing. A tree `narrowed`
-        to width w holds the best N nodes of a tree drafted at this class's width for N <= w only:
-        it updates V_d(0..w).
+        their cumulative worth - with `buckets`, x holds each node's confidence bucket (-1: not a
+        real node) and the worth is a count per bucket; else x holds p's. Where the budget kept no
+        node deeper than some d' < drafted, the curves of d' .. drafted are the same: drafting
+        deeper would have bought nothing. A tree `narrowed` to width w holds the best N nodes of a
+        tree drafted at this class's width for N <= w only: it updates V_d(0..w).
 
-        Kept as V_1 plus the gains of each further depth, V_d - V_{d-1}, each an EMA over the trees
+        Kept as V_1 plus the gains of each further depth, V_d - V_{d-1}, each averaged over the trees
         drafted at least that deep: a deep draft is rarer (explorations, probes) and comes from other
         states than the shallow ones, so a deep curve learnt apart from the shallow ones is compared
         with them on other states (measured: V_4 below V_3, and the plan kept drafts shallower than
-        the fixed tree that beat it); a gain is measured on the same tree as its base, >= 0."""
+        the fixed tree that beat it); a gain is measured on the same tree as its base, >= 0. Each
+        V_d(N) is the running mean of its first trees, then an EMA weighing each new tree a (the
+        first tree kept whole until forgetting caught up held a slowly learning plan on the
+        warm-up's first trees: measured on 2 cores, a = 0.03 drafted a 2-deep chain at 0.88x of the
+        CPU tree, 0.99x with the running mean)."""
         if not bool(active_B.any()) or drafted < 1:
             return
         # a proposer's chain may run deeper than the tree config's depth: the deepest curve holds it
-        p_AN, dep_AN = p_BN[active_B].astype(np.float64), np.minimum(depth_BN[active_B], self.depth)
+        x_AN, dep_AN = x_BN[active_B], np.minimum(depth_BN[active_B], self.depth)
         D, M = min(drafted, self.depth), self.budget + 1
         d_D11 = np.arange(1, D + 1)[:, None, None]
-        kept_DAN = np.where(dep_AN[None] <= d_D11, p_AN[None], 0.0)
-        if self.depth_scaled:  # a drafter's nodes by score: a shallower tree holds the best of them
-            kept_DAN = -np.sort(-kept_DAN, axis=2)
-        # (a proposer's whole tree is drafted and truncated in its own order: the curve is that order's)
-        curve_DN = kept_DAN.cumsum(2).mean(1)[:, : M - 1]  # the best N of depth <= d, N = 1..
-        flat = np.broadcast_to(curve_DN[:, -1:], (D, M - 1 - curve_DN.shape[1]))  # fewer nodes than the budget: flat past them
-        curve_DM = np.concatenate([np.zeros((D, 1)), curve_DN, flat], 1)
-        gain_DM = np.diff(curve_DM, axis=0, prepend=np.zeros((1, M)))
-        upto = M if narrowed is None else narrowed + 1
-        old_DM, K = self._gain[1: D + 1], min(self._known, D)  # depths 1..K had a gain before
+        kept_DAN = (dep_AN[None] <= d_D11) & (x_AN[None] >= 0 if buckets else True)
+        if buckets:  # a node's worth: one count in its bucket
+            w_ANK = (x_AN[..., None] == np.arange(buckets)).astype(np.float64)
+        else:
+            w_ANK = x_AN.astype(np.float64)[..., None]
+        if self.depth_scaled:  # a drafter's nodes come by score: a shallower tree holds the first of them
+            order_DAN = np.argsort(~kept_DAN, axis=2, kind="stable")
+            kept_DAN = np.take_along_axis(kept_DAN, order_DAN, 2)
+            w_DANK = np.take_along_axis(np.broadcast_to(w_ANK[None], (D, *w_ANK.shape)), order_DAN[..., None], 2)
+        else:  # a proposer's whole tree is drafted and truncated in its own order: the curve is that order's
+            w_DANK = w_ANK[None]
+        curve_DNK = (w_DANK * kept_DAN[..., None]).cumsum(2).mean(1)[:, : M - 1]  # the best N of depth <= d, N = 1..
+        # fewer nodes than the budget: flat past them
+        flat = np.broadcast_to(curve_DNK[:, -1:], (D, M - 1 - curve_DNK.shape[1], curve_DNK.shape[2]))
+        curve_DMK = np.concatenate([np.zeros((D, 1, curve_DNK.shape[2])), curve_DNK, flat], 1)
+        gain_DMK = np.diff(curve_DMK, axis=0, prepend=np.zeros((1, *curve_DMK.shape[1:])))
+        if self._gain is None:
+            self._gain, self._buckets = np.zeros((self.depth + 1, M, gain_DMK.shape[2])), buckets
+        # the trees taught: N <= w of a narrowed one, and every N never taught before
+        n_DM = self._n[1: D + 1]
+        taught_DM = (np.arange(M) < (M if narrowed is None else narrowed + 1)) | (n_DM == 0)
+        n_DM += taught_DM
         a = 1 - (1 - self.alpha) ** learn_every  # one tree in learn_every: the same memory in steps
-        new_DM = gain_DM.copy()  # depths never drafted before take their first gain whole
-        new_DM[:K, :upto] = (1 - a) * old_DM[:K, :upto] + a * gain_DM[:K, :upto]
-        new_DM[:K, upto:] = old_DM[:K, upto:]
-        self._gain[1: D + 1] = new_DM
+        a_DM1 = np.where(taught_DM, np.maximum(a, 1.0 / np.maximum(n_DM, 1)), 0.0)[..., None]
+        self._gain[1: D + 1] += a_DM1 * (gain_DMK - self._gain[1: D + 1])
         self._known = max(self._known, D)
-        V_KM = self._gain[1: self._known + 1].cumsum(0)
-        self.value = [None] + V_KM.tolist() + [None] * (self.depth - self._known)
-        self._V = np.concatenate([V_KM[:, 1:], np.full((self.depth - self._known, self.budget), -1.0)])
+        self._V_KMK = self._gain[1: self._known + 1].cumsum(0)
+
+    def _at(self, worth_K: np.ndarray) -> np.ndarray:
+        return worth_K if self._buckets else np.ones(1)
+
+    def V(self, worth_K: np.ndarray) -> np.ndarray | None:
+        """(depth, budget): V_d(N), d = 1..depth, N = 1..budget, each bucket at `worth_K` (-1: no
+        curve for that depth yet); None before any tree."""
+        if self._V_KMK is None:
+            return None
+        V_KM = self._V_KMK[:, 1:] @ self._at(worth_K)
+        return np.concatenate([V_KM, np.full((self.depth - self._known, self.budget), -1.0)])
+
+    def value(self, worth_K: np.ndarray) -> list[list[float] | None]:
+        """V_d(N), N = 0..budget, per d = 0..depth (None: d = 0 and depths with no curve yet)."""
+        if self._V_KMK is None:
+            return [None] * (self.depth + 1)
+        V_KM = self._V_KMK @ self._at(worth_K)
+        return [None] + V_KM.tolist() + [None] * (self.depth - self._known)
 
 
 def _halvings(width: int) -> list[int]:
@@ -431,7 +476,12 @@ class GoodputPolicy:
     @property
     def value(self) -> list[list[float] | None]:
         """V_d(N) of the full-width trees."""
-        return self.curves[-1].value
+        return self.curves[-1].value(self._worth())
+
+    def _worth(self) -> np.ndarray:
+        """What a node of each confidence bucket is worth now: the calibration a scored drafter's
+        value curves are weighed at (a proposer's hold p's)."""
+        return self.acceptance.bucket_p()
 
     def _exploring(self) -> int | None:
         """This step's exploration index, or None."""
@@ -501,15 +551,17 @@ class GoodputPolicy:
         n_N, w_CN, d_D1 = self._grid
         verify_N = self.cost.verify_s(rows * (1 + n_N))  # every candidate's verification at once
         rate_CDN = []
+        worth_K = self._worth()
         for curves, w_N in zip(self.curves, w_CN):  # narrow classes first: ties go to the narrower draft
-            if curves._V is None:
+            V_DN = curves.V(worth_K)
+            if V_DN is None:
                 rate_CDN.append(np.full((self.depth if self.depth_scaled else 1, self.budget), -math.inf))
                 continue
             if self.depth_scaled:
                 per_depth_N = self.cost.draft_depth_s(rows * w_N)  # an array (the fit) or a float (the mean)
-                V_DN, draft_DN = curves._V, d_D1 * per_depth_N
+                draft_DN = d_D1 * per_depth_N
             else:  # the whole draft or none: the deepest curve at a whole draft's seconds
-                V_DN, draft_DN = curves._V[-1:], self.cost.draft_step
+                V_DN, draft_DN = V_DN[-1:], self.cost.draft_step
             rate_CDN.append(np.where(V_DN < 0, -math.inf,
                                      n_active * (1 + V_DN) / np.maximum(draft_DN + fixed + verify_N, 1e-300)))
         rate_CDN = np.stack(rate_CDN)
@@ -537,9 +589,13 @@ class GoodputPolicy:
         # probing tree teaches, and one ordinary tree in learn_every (with the same memory in steps)
         learn = (k is not None or self._probe or self.value[self.depth] is None
                  or self._drafted % self.learn_every == 0)
-        if learn:
-            self.curves[self._class].learn(p_BN, _host(tree.depth_BN), active,
-                                           self.depths[-1] if self.depths else self.depth, narrowed, self.learn_every)
+        if learn:  # a scored tree's curves learn its nodes' buckets (weighed at plan time), a proposer's its p's
+            depth_BN, drafted = _host(tree.depth_BN), self.depths[-1] if self.depths else self.depth
+            if tree.score_BN is not None:
+                x_BN = np.where(_host(tree.real_BN), self.acceptance._keys(_host(tree.score_BN), depth_BN), -1)
+                self.curves[self._class].learn(x_BN, depth_BN, active, drafted, narrowed, self.learn_every, _BUCKETS)
+            else:
+                self.curves[self._class].learn(p_BN, depth_BN, active, drafted, narrowed, self.learn_every)
             self._ar_at = None  # the values moved: an AR plan is weighed again
         if k is not None or not self.cost.ready:
             n = min(self.explore[(k or 0) % len(self.explore)][0], tree.size)

@@ -4,6 +4,7 @@ expensive -> AR, the cap), the cost fit against a known line, acceptance calibra
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -366,7 +367,8 @@ def test_an_ar_step_measured_below_the_trees_line_costs_what_it_measured():
     policy = GoodputPolicy(6, 3, depth_scaled=False)
     policy.cost = cm
     policy.cost.draft_step = 1e-4
-    policy.curves[-1]._V = np.array([[0.0] * 6] * 2 + [P.sum(0).cumsum(0).div(2).tolist()])
+    V_KM = np.array([[0.0] * 7] * 2 + [[0.0] + P.sum(0).cumsum(0).div(2).tolist()])
+    policy.curves[-1]._V_KMK, policy.curves[-1]._known = V_KM[..., None], 3  # a proposer's curves: p's
     assert policy._best_plan(2, 2) == (0, 0)
     for _ in range(30):
         cm.observe_ar(2, 0.030)
@@ -461,7 +463,7 @@ def test_the_plan_chooses_the_draft_width_by_the_brute_force_best_rate():
             for d in (1, 2, 3):
                 for n in range(1, 7):
                     draft = d * pol.cost.draft_depth_s(min(w, n))
-                    rates[(w, d, n)] = (1 + pol.curves[c].value[d][n]) / (draft + pol.cost.verify_s(1 + n))
+                    rates[(w, d, n)] = (1 + pol.curves[c].value(pol._worth())[d][n]) / (draft + pol.cost.verify_s(1 + n))
         best = max(rates, key=rates.get)
         d, n = pol._best_plan(1, 1)
         assert (pol.classes[pol._plan_class], d, n) == best or rates[(pol.classes[pol._plan_class], d, n)] == \
@@ -470,3 +472,55 @@ def test_the_plan_chooses_the_draft_width_by_the_brute_force_best_rate():
         chosen.append(pol.draft_width)
     # costlier rows: narrower drafts (2 wide, whose tree is the 3-wide one's here; then the chain)
     assert chosen == [6, 2, 1]
+
+
+def _chain_tree(*conf: float):
+    """One slot's chain: node i at depth i + 1, child of node i - 1, with these draft confidences."""
+    from spec_core.decoding.tree import DraftTree, ancestor_mask
+
+    n = len(conf)
+    parent = torch.arange(n)[None]
+    score = torch.log(torch.tensor([conf], dtype=torch.float64))
+    return DraftTree(torch.zeros(1, n, dtype=torch.long), parent, torch.arange(1, n + 1)[None],
+                     ancestor_mask(parent, n), score)
+
+
+def test_value_curves_are_weighed_at_the_calibration_of_the_plan_not_of_the_lesson():
+    """A scored drafter's curves keep which confidence buckets its best nodes fell in, and weigh
+    them at the acceptance model's current calibration: a curve learnt before the calibration
+    moved is worth what its nodes are worth now (oracle: the sum of the current bucket p's of the
+    tree's best N nodes), like one learnt after."""
+    pol = GoodputPolicy(budget=3, depth=3)
+    pol.depths.append(3)
+    pol.choose(_chain_tree(0.95, 0.55, 0.15), torch.tensor([True]), 1)  # buckets 9, 5, 1
+
+    def oracle() -> list[float]:
+        p_K = pol.acceptance.bucket_p()
+        return [0.0] + np.cumsum(p_K[[9, 5, 1]]).tolist()
+
+    assert pol.value[3] == pytest.approx(oracle())
+    before = list(pol.value[3])
+    # verification finds bucket 5's nodes accepted far less often than the prior said
+    depth_BN, real_BN = torch.ones(1, 50, dtype=torch.long), torch.ones(1, 50, dtype=torch.bool)
+    pol.acceptance.observe(torch.full((1, 50), math.log(0.55)), depth_BN, real_BN, torch.zeros(1, 50, dtype=torch.bool))
+    assert pol.value[3] == pytest.approx(oracle()) and pol.value[3][2] < before[2] - 0.3
+    assert pol.value[1] == pytest.approx(oracle()[:2] + [oracle()[1]] * 2)  # depth 1 holds the first node only
+
+
+def test_the_first_trees_of_a_curve_are_averaged_then_forgotten_at_the_learning_rate():
+    """A curve's first trees weigh alike (a running mean: the first tree is not kept whole until
+    forgetting catches up, which left a slowly learning plan on whatever the warm-up's first states
+    were worth); past 1 / a trees, each new one weighs a."""
+    pol = GoodputPolicy(budget=1, depth=1, alpha=0.2)
+    pol.learn_every = 1
+    confs = [0.95, 0.15, 0.55, 0.95, 0.15, 0.55, 0.95, 0.15]
+    p_K = pol.acceptance.bucket_p()
+    expected = 0.0
+    for n, c in enumerate(confs, start=1):
+        pol.depths.append(1)
+        pol._due = 0  # an exploration: every tree teaches
+        pol.choose(_chain_tree(c), torch.tensor([True]), 1)
+        a = max(0.2, 1 / n)
+        expected += a * (p_K[int(c * 10)] - expected)
+        assert pol.value[1][1] == pytest.approx(expected), n
+    assert pol.value[1][1] != pytest.approx(float(np.mean(p_K[[int(c * 10) for c in confs]])))
