@@ -357,23 +357,26 @@ class _Curves:
         self._known = max(self._known, D)
         self._V_KMK = self._gain[1: self._known + 1].cumsum(0)
 
-    def _at(self, worth_K: np.ndarray) -> np.ndarray:
-        return worth_K if self._buckets else np.ones(1)
+    def knows(self, d: int) -> bool:
+        """Whether depth d has a curve (a tree drafted at least that deep has taught it)."""
+        return self._known >= d
+
+    def _weighed(self, worth_K: np.ndarray) -> np.ndarray:
+        """(_known, budget + 1) V_d(N), N = 0..budget, each bucket at `worth_K` (a proposer's p's as they are)."""
+        return self._V_KMK @ (worth_K if self._buckets else np.ones(1))
 
     def V(self, worth_K: np.ndarray) -> np.ndarray | None:
-        """(depth, budget): V_d(N), d = 1..depth, N = 1..budget, each bucket at `worth_K` (-1: no
-        curve for that depth yet); None before any tree."""
+        """(depth, budget): V_d(N), d = 1..depth, N = 1..budget (-1: no curve for that depth yet);
+        None before any tree."""
         if self._V_KMK is None:
             return None
-        V_KM = self._V_KMK[:, 1:] @ self._at(worth_K)
-        return np.concatenate([V_KM, np.full((self.depth - self._known, self.budget), -1.0)])
+        return np.concatenate([self._weighed(worth_K)[:, 1:], np.full((self.depth - self._known, self.budget), -1.0)])
 
     def value(self, worth_K: np.ndarray) -> list[list[float] | None]:
         """V_d(N), N = 0..budget, per d = 0..depth (None: d = 0 and depths with no curve yet)."""
         if self._V_KMK is None:
             return [None] * (self.depth + 1)
-        V_KM = self._V_KMK @ self._at(worth_K)
-        return [None] + V_KM.tolist() + [None] * (self.depth - self._known)
+        return [None] + self._weighed(worth_K).tolist() + [None] * (self.depth - self._known)
 
 
 def _halvings(width: int) -> list[int]:
@@ -496,7 +499,7 @@ class GoodputPolicy:
         # doubling pause decides when to look again
         self.draft_width, self._probe, self._class = self.width, False, len(self.classes) - 1
         self.draft_nodes = None  # a proposer's draft bound (None: the whole budget)
-        if not self.cost.ready or self.value[self.depth] is None or (
+        if not self.cost.ready or not self.curves[-1].knows(self.depth) or (
                 k is not None and (self.steps < len(self.explore) or self.idle == 0)):
             d = self.depth
             if k is not None:  # an exploration at its width class
@@ -587,7 +590,7 @@ class GoodputPolicy:
         self._drafted += 1
         # learning from every tree made the policy ~5% of a batch-2 run on a CPU: every explored or
         # probing tree teaches, and one ordinary tree in learn_every (with the same memory in steps)
-        learn = (k is not None or self._probe or self.value[self.depth] is None
+        learn = (k is not None or self._probe or not self.curves[-1].knows(self.depth)
                  or self._drafted % self.learn_every == 0)
         if learn:  # a scored tree's curves learn its nodes' buckets (weighed at plan time), a proposer's its p's
             depth_BN, drafted = _host(tree.depth_BN), self.depths[-1] if self.depths else self.depth
