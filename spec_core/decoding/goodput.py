@@ -421,6 +421,8 @@ class GoodputPolicy:
     that doubles up to `max_pause` steps, or longer where one probe costs more than
     `probe_share` of that many AR steps (a full tree at batch 16 costs several AR steps: probing
     every 64 steps cost a training-free proposer 10% against AR where its drafts never paid).
+    Where drafts pay, one step in `ar_probe_every + 1` is AR all the same, so that AR's seconds
+    are measured on ordinary AR steps rather than read off the trees' line.
 
     `depth_scaled=False` (training-free proposers): a draft costs what it costs whatever the depth
     planned - a proposer builds its whole tree (Token Recycling's template, a PLD chain) - so the
@@ -433,7 +435,8 @@ class GoodputPolicy:
 
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
-                 explore_share: float = 0.02, learn_every: int = 4, band_curve: bool = False):
+                 explore_share: float = 0.02, learn_every: int = 4, band_curve: bool = False,
+                 ar_probe_every: int = 64):
         # band_curve: verification seconds from `cost_curve.BandCurve` instead of the forgetting line
         # alone - measured on 2 cores (2026-12-03, EAGLE-2-style, batch 1-16): it verified more nodes
         # (8.1 against 7.0 per step at batch 2) but ran 0.90-0.99x as fast as the line; with the
@@ -475,6 +478,9 @@ class GoodputPolicy:
         self.widths: list[int] = []            # planned draft width per drafting step (width planned)
         self.predicted, self.accepted = 0.0, 0.0  # summed over verified real nodes (calibration)
         self._p_BN = None
+        # drafting steps planned back to back take one AR step in `ar_probe_every`: AR's seconds
+        # stay measured on ordinary AR steps (`CostModel.ar_s`), not only after an exploration's draft
+        self.ar_probe_every, self._since_ar = ar_probe_every, 0
 
     @property
     def value(self) -> list[list[float] | None]:
@@ -511,6 +517,9 @@ class GoodputPolicy:
             else:            # (which the next probe's drafts move again)
                 d, n = self._best_plan(n_active, rows)
                 self._ar_at = (n_active, rows) if d == 0 else None
+            if d > 0 and self._since_ar >= self.ar_probe_every:  # what does an AR step cost now?
+                d, n = 0, 0
+            self._since_ar = self._since_ar + 1 if d > 0 else 0
             self.idle = self.idle + 1 if d == 0 else 0
             if d == 0 and self.idle > self.pause:  # probe: do drafts pay again?
                 d, self.idle, self.pause = self.depth, 0, min(2 * self.pause, self.pause_limit(rows))
