@@ -526,7 +526,6 @@ def test_the_first_trees_of_a_curve_are_averaged_then_forgotten_at_the_learning_
     assert pol.value[1][1] != pytest.approx(float(np.mean(p_K[[int(c * 10) for c in confs]])))
 
 
-
 def test_drafting_back_to_back_takes_one_ar_step_in_ar_probe_every():
     """A plan that drafts every step would never see an ordinary AR step: AR's seconds would rest on
     the trees' line and on the AR-shaped verifies after an exploration's draft (measured on a CPU,
