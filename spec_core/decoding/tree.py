@@ -134,26 +134,28 @@ def drop_rows(tree: DraftTree, rows_B: torch.Tensor) -> DraftTree:
 
 def walk(tree: DraftTree, chosen_BM: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Follow the target's choices from the root: at node i the target emits chosen[i]; if a child
-    of i carries that token the walk moves there, else chosen[i] is the bonus token and it stops.
-    Returns (path_BD: accepted node indices in order, -1 padded; n_accepted_B)."""
+    of i carries that token the walk moves there (the first such child), else chosen[i] is the
+    bonus token and it stops. Returns (path_BD: accepted node indices in order, -1 padded;
+    n_accepted_B).
+
+    All depths at once, no loop over them: a node is taken when its token is the target's choice
+    at its parent and no earlier sibling's is; it is accepted when it and every ancestor are taken.
+    The accepted nodes form one chain, one per depth, so each lands in its depth's column (on one
+    core ~4x fewer tensor ops than stepping depth by depth, the walk's cost)."""
     B, N = tree.tokens_BN.shape
     dev = chosen_BM.device
     D = int(tree.depth_BN.max()) if N else 0
-    # match[b, i, j]: node j is the child of i that the target chose at i
-    parent_BM = torch.cat([torch.full((B, 1), -1, device=dev, dtype=torch.long), tree.parent_BN], 1)
-    tokens_BM = torch.cat([torch.full((B, 1), -1, device=dev, dtype=torch.long), tree.tokens_BN], 1)
-    match_BMM = (parent_BM[:, None, :] == torch.arange(N + 1, device=dev)[None, :, None]) & \
-                (tokens_BM[:, None, :] == chosen_BM[:, :, None])
-    cur_B = torch.zeros(B, dtype=torch.long, device=dev)
-    alive_B = torch.ones(B, dtype=torch.bool, device=dev)
-    path = torch.full((B, max(D, 1)), -1, dtype=torch.long, device=dev)
-    n_B = torch.zeros(B, dtype=torch.long, device=dev)
-    for d in range(D):
-        row_BM = match_BMM[torch.arange(B, device=dev), cur_B]     # children of the current node that match
-        found_B = row_BM.any(-1) & alive_B
-        nxt_B = row_BM.float().argmax(-1)
-        path[found_B, d] = nxt_B[found_B]
-        cur_B = torch.where(found_B, nxt_B, cur_B)
-        n_B += found_B.long()
-        alive_B = found_B
-    return path[:, :D], n_B
+    if N == 0:
+        return chosen_BM.new_zeros(B, 0), chosen_BM.new_zeros(B)
+    real_BN = tree.real_BN  # a pad is its own parent: never a child of the walk's node
+    match_BN = (tree.tokens_BN == chosen_BM.gather(1, tree.parent_BN)) & real_BN
+    # an earlier sibling (same parent, lower index) that matches too takes precedence
+    earlier_NN = torch.ones(N, N, dtype=torch.bool, device=dev).tril(-1)
+    shadowed_BN = ((tree.parent_BN[:, :, None] == tree.parent_BN[:, None, :]) & earlier_NN
+                   & match_BN[:, None, :]).any(-1)
+    taken_BN = match_BN & ~shadowed_BN
+    accepted_BN = ~(tree.anc_BMM[:, 1:, 1:] & ~taken_BN[:, None, :]).any(-1)
+    column_BN = torch.where(accepted_BN, tree.depth_BN - 1, D)  # column D: not on the path
+    path = torch.full((B, D + 1), -1, dtype=torch.long, device=dev)
+    path.scatter_(1, column_BN, torch.arange(1, N + 1, device=dev).expand(B, N))
+    return path[:, :D], accepted_BN.sum(1)

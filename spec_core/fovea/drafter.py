@@ -141,13 +141,17 @@ class FoveaDrafter(nn.Module):
             return None
         return ~(slots_BT & (rank_BT >= self.cfg.num_queries))
 
-    def blocks(self, x_BTD: torch.Tensor, position_ids_BT: torch.Tensor, attend_BTK: torch.Tensor,
-               cache=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def blocks(self, x_BTD: torch.Tensor, position_ids_BT: torch.Tensor, attend_BTK: torch.Tensor | None,
+               cache=None, *, mask: torch.Tensor | None = None,
+               pos_emb: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the decoder blocks. attend_BTK (bool) says which of the K = cached + T keys each
         query sees. With a cache (a transformers Cache) the new keys/values are appended to it.
+        A caller that runs many small forwards (drafting depth by depth) may pass what it built
+        once instead: `mask`, the additive mask (B, 1, T, K) in place of attend_BTK, and
+        `pos_emb`, the rotary (cos, sin) of position_ids_BT.
         Returns (last block output h, first block output)."""
-        mask = additive_mask(attend_BTK, x_BTD.dtype)
-        pos_emb = self.rotary(x_BTD, position_ids_BT)
+        mask = additive_mask(attend_BTK, x_BTD.dtype) if mask is None else mask
+        pos_emb = self.rotary(x_BTD, position_ids_BT) if pos_emb is None else pos_emb
         h, first = x_BTD, None
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=position_ids_BT, cache=cache,

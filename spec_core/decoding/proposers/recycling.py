@@ -39,7 +39,7 @@ RECYCLING_TEMPLATE = (
     0, 0, 0,                                                             # depth 6
 )
 
-_PLANS: dict[tuple, list] = {}  # TokenRecycling._level_plan's cache
+_PLANS: dict[tuple, list] = {}  # TokenRecycling._level_plan's and _template_prefix's cache
 
 
 def template_nodes(children: tuple[int, ...] | list[int]) -> tuple[list[int], list[int], list[int]]:
@@ -162,6 +162,16 @@ class TokenRecycling:
             _PLANS[key] = plan
         return _PLANS[key]
 
+    def _template_prefix(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(parent (1, n), depth (1, n), ancestor mask (1, n + 1, n + 1)) of the template's first n
+        nodes, cached like `_level_plan` (the tree of a draft where every token is known)."""
+        key = ("prefix", self.template, n, str(device))
+        if key not in _PLANS:
+            parent_1n = self._parent_n1[1: n + 1][None].to(device)
+            depth_1n = self._depth_n[:n][None].to(device)
+            _PLANS[key] = [parent_1n, depth_1n, ancestor_mask(parent_1n, int(depth_1n.max()))]
+        return tuple(_PLANS[key])
+
     @classmethod
     def batch_tree(cls, proposers: list, budget: int, device=None, pad_token: int = 0) -> DraftTree | None:
         """Every slot's `propose_tree(budget)` as one padded `DraftTree` (what `trees_to_batch`
@@ -177,6 +187,10 @@ class TokenRecycling:
         tokens_Bn = first._expand_rows(root_B, max(budget, 0))[:, 1:]
         B, n = tokens_Bn.shape
         known_Bn = tokens_Bn >= 0
+        if n and bool(known_Bn.all()):  # a warm matrix: every row is the template's first n nodes
+            parent_n, depth_n, anc_n1n1 = first._template_prefix(n, dev)
+            return DraftTree(tokens_Bn.to(device), parent_n.expand(B, n).to(device),
+                             depth_n.expand(B, n).to(device), anc_n1n1.expand(B, n + 1, n + 1).to(device))
         new_Bn = known_Bn.cumsum(1)  # a kept node's number in its row's draft (1-based)
         N = int(new_Bn[:, -1].max()) if n else 0
         tokens_BN = torch.full((B, N), pad_token, dtype=torch.long, device=dev)

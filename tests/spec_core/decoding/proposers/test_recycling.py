@@ -184,6 +184,25 @@ def test_batch_tree_is_every_slots_tree_padded():
                 assert torch.equal(getattr(tree, name), getattr(want, name)), name
 
 
+def test_batch_tree_of_a_warm_matrix_is_the_template_prefix_in_every_row():
+    """Every row known (the common case once the matrix has seen the vocabulary): the batch is the
+    template's first `budget` nodes in every row, as each slot's own tree padded would be."""
+    from spec_core.decoding.proposers import trees_to_batch
+
+    rng = random.Random(5)
+    V, k = 20, 8
+    for budget in (1, 3, 8, 29, 80, 200):
+        tr, _ = _random_recycling(rng, V, k, unknown=0)
+        slots = [TokenRecycling(V, k, adj_VK=tr.adj_VK) for _ in range(3)]
+        for p in slots:
+            p.reset([rng.randrange(V)])
+        want = trees_to_batch([p.propose_tree(budget) for p in slots])
+        got = TokenRecycling.batch_tree(slots, budget)
+        assert got.size == min(budget, len(tr.parent))
+        for name in ("tokens_BN", "parent_BN", "depth_BN", "anc_BMM"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
 def test_batch_tree_declines_other_matrices_and_templates():
     a = TokenRecycling(10, 2, template=(2, 0, 0))
     b = TokenRecycling(10, 2, template=(2, 0, 0))  # its own matrix
