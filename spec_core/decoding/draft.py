@@ -6,8 +6,8 @@ cumulative log-probability are run through the drafter in one forward - input [e
 uncorrected parent state], position = root position + d - 1 (as in training, `fovea.unroll`),
 attending to the committed drafter cache plus the node's own ancestors - and each proposes `width`
 children, scored with the corrected state when d <= correction_depth. The `budget` best of all
-candidates become the tree. Frontier KV entries are written past each row's committed length
-(scratch) and never committed: after verification the drafter re-reads the accepted tokens with
+candidates become the tree. Frontier KV entries are written past the longest row's committed
+length (scratch slots shared by every row) and never committed: after verification the drafter re-reads the accepted tokens with
 the target's own features.
 
 Shapes: B batch, W width, D hidden, V vocabulary, C candidates, K keys.
@@ -30,8 +30,8 @@ _MAX_LOGP = -1e-9
 def _top_children(drafter: FoveaDrafter, h_BWD: torch.Tensor, depth: int, mem: VisualMemory | None,
                   correction_depth: int | None, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The `width` best next tokens of each state and their log-probabilities (float64, capped):
-    the top of the logits less their log-sum-exp - the same order and values as a log-softmax
-    over the vocabulary, without building (and widening) one per row. States deeper than the
+    the top of the logits less their log-sum-exp - the log-softmax's order, and its values up to
+    float32 rounding, without building (and widening) one over the vocabulary per row. States deeper than the
     correction depth are scored as they are (what `correct` passes through), without a call."""
     corr = drafter.correction
     if mem is not None and corr is not None and depth <= (
@@ -81,13 +81,13 @@ def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tenso
     for d in range(1, D):
         # run the frontier (depth d) through the drafter
         scratch_BWS = torch.cat([front_anc, own_BWW], dim=-1)           # (B, W, d*W)
-        mask = torch.cat([prefix_B1WK, torch.zeros(scratch_BWS.shape, dtype=dtype, device=dev)
-                          .masked_fill(~scratch_BWS, low)[:, None]], -1)
+        mask_B1WK = torch.cat([prefix_B1WK, torch.zeros(scratch_BWS.shape, dtype=dtype, device=dev)
+                               .masked_fill(~scratch_BWS, low)[:, None]], -1)
         cache.plan(None, base + d * W, start=base + (d - 1) * W)
         x = drafter.input_states(front_tok, front_parent_h)
         pos_BW = pos_BD[:, d - 1: d].expand(B, W)
         emb = tuple(t[..., d - 1: d, :].expand(*t.shape[:-2], W, t.shape[-1]) for t in (cos, sin))
-        h_BWD, _ = drafter.blocks(x, pos_BW, None, cache, mask=mask, pos_emb=emb)
+        h_BWD, _ = drafter.blocks(x, pos_BW, None, cache, mask=mask_B1WK, pos_emb=emb)
         # their children
         child_lp, child_tok = _top_children(drafter, h_BWD, d, mem, correction_depth, W)   # (B, W, W)
         child_score = front_score[:, :, None] + child_lp
