@@ -21,6 +21,7 @@ from spec_core.decoding.cache import RaggedCache
 from spec_core.decoding.tree import DraftTree, TreeConfig, select_tree
 from spec_core.fovea.correction import VisualMemory
 from spec_core.fovea.drafter import FoveaDrafter
+from spec_core.targets.base import additive_mask
 
 # Child log-probabilities are capped just below 0 so that scores fall strictly along a path
 # (keeps the top-`budget` set ancestor-closed even when a draft is certain).
@@ -72,17 +73,14 @@ def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tenso
         seen_BK = torch.arange(base, device=dev)[None] < len_B[:, None]   # each row's committed keys
         if keep_BC is not None:
             seen_BK = seen_BK & keep_BC[:, :base]
-        low = torch.finfo(dtype).min
-        prefix_B1WK = torch.zeros(B, base, dtype=dtype, device=dev).masked_fill(~seen_BK, low)[:, None, None]
-        prefix_B1WK = prefix_B1WK.expand(B, 1, W, base)
+        prefix_B1WK = additive_mask(seen_BK[:, None], dtype).expand(B, 1, W, base)
         own_BWW = torch.eye(W, dtype=torch.bool, device=dev).expand(B, W, W)
         pos_BD = len_B[:, None] + torch.arange(D - 1, device=dev)        # depth d's nodes sit at len + d - 1
         cos, sin = drafter.rotary(root_h_BD.to(dtype)[:, None], pos_BD)
     for d in range(1, D):
         # run the frontier (depth d) through the drafter
         scratch_BWS = torch.cat([front_anc, own_BWW], dim=-1)           # (B, W, d*W)
-        mask_B1WK = torch.cat([prefix_B1WK, torch.zeros(scratch_BWS.shape, dtype=dtype, device=dev)
-                               .masked_fill(~scratch_BWS, low)[:, None]], -1)
+        mask_B1WK = torch.cat([prefix_B1WK, additive_mask(scratch_BWS, dtype)], -1)
         cache.plan(None, base + d * W, start=base + (d - 1) * W)
         x = drafter.input_states(front_tok, front_parent_h)
         pos_BW = pos_BD[:, d - 1: d].expand(B, W)
