@@ -45,6 +45,7 @@ from spec_core.decoding.cost_curve import BandCurve
 
 _BUCKETS = 10          # confidence buckets [0, .1), ..., [.9, 1]
 _PRIOR_WEIGHT = 4.0    # pseudo-observations behind each bucket's prior
+_LOG_EDGES = np.log(np.arange(1, _BUCKETS) / _BUCKETS)  # a log-probability's bucket edges (the top bucket holds 0)
 
 
 def _host(x) -> np.ndarray:
@@ -212,26 +213,37 @@ class AcceptanceModel:
         self.depth_seen = np.full(max_depth + 1, _PRIOR_WEIGHT)
         self.node_acc = np.zeros(max_nodes)  # per node index (no prior: the depth's)
         self.node_seen = np.zeros(max_nodes)
+        self._by_key: dict[bool, np.ndarray] = {}  # P(accepted) per bucket (True) / depth (False), until observed
 
     def bucket_p(self) -> np.ndarray:
         """(buckets,) P(accepted) per confidence bucket, non-decreasing in confidence (as `predict`
         keeps a score-ordered row non-increasing)."""
-        return np.minimum.accumulate((self.conf_acc / self.conf_seen)[::-1])[::-1]
+        p_K = self._by_key.get(True)
+        if p_K is None:
+            p_K = self._by_key[True] = np.minimum.accumulate((self.conf_acc / self.conf_seen)[::-1])[::-1]
+        return p_K
+
+    def depth_p(self) -> np.ndarray:
+        """(depths,) P(accepted) per draft depth."""
+        p_D = self._by_key.get(False)
+        if p_D is None:
+            p_D = self._by_key[False] = self.depth_acc / self.depth_seen
+        return p_D
 
     def _index(self, shape: tuple[int, int]) -> np.ndarray:
         return np.broadcast_to(np.minimum(np.arange(shape[1]), len(self.node_seen) - 1), shape)
 
     def _keys(self, score_BN: np.ndarray | None, depth_BN: np.ndarray) -> np.ndarray:
         # (np.minimum / np.maximum: np.clip's wrapper costs more than the arithmetic at this size)
-        if score_BN is not None:  # exp >= 0: only the top needs a bound
-            return np.minimum((np.exp(score_BN.astype(np.float64)) * _BUCKETS).astype(np.int64), _BUCKETS - 1)
+        if score_BN is not None:  # bucket k holds exp(score) in [k, k + 1) / buckets: log-edges, one call
+            return np.searchsorted(_LOG_EDGES, score_BN, side="right")
         return np.minimum(np.maximum(depth_BN, 0), len(self.depth_seen) - 1)
 
     def predict(self, score_BN: torch.Tensor | np.ndarray | None, depth_BN: torch.Tensor | np.ndarray) -> np.ndarray:
         """(B, N) probabilities; along each row non-increasing where the nodes are ordered by score
         (a prefix never values a node above one before it)."""
         score = None if score_BN is None else _host(score_BN)
-        by_key = self.bucket_p() if score is not None else self.depth_acc / self.depth_seen
+        by_key = self.bucket_p() if score is not None else self.depth_p()
         p_BN = by_key[self._keys(score, _host(depth_BN))]
         if not p_BN.size:
             return p_BN
@@ -248,6 +260,7 @@ class AcceptanceModel:
         acc, seen = (self.conf_acc, self.conf_seen) if score is not None else (self.depth_acc, self.depth_seen)
         keys = self._keys(score, _host(depth_BN))[real]
         hit = hit_BN[real].astype(np.float64)
+        self._by_key.clear()
         seen += np.bincount(keys, minlength=len(seen))
         acc += np.bincount(keys, weights=hit, minlength=len(acc))
         if score is None and len(self.node_seen) and real.size:
@@ -436,7 +449,7 @@ class GoodputPolicy:
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
                  explore_share: float = 0.02, learn_every: int = 4, band_curve: bool = False,
-                 ar_probe_every: int = 64):
+                 ar_probe_every: int = 64, replan_every: int = 4, ar_probe_share: float = 0.0025):
         # band_curve: verification seconds from `cost_curve.BandCurve` instead of the forgetting line
         # alone - measured on 2 cores (2026-12-03, EAGLE-2-style, batch 1-16): it verified more nodes
         # (8.1 against 7.0 per step at batch 2) but ran 0.90-0.99x as fast as the line; with the
@@ -471,16 +484,20 @@ class GoodputPolicy:
         self._grid = (n_N, [np.minimum(n_N, w) if w is not None else np.ones_like(n_N) for w in self.classes],
                       np.arange(1, depth + 1, dtype=np.float64)[:, None])
         self.steps, self.pause, self.idle = 0, 1, 0
-        self._ar_at: tuple[int, int] | None = None  # where the last plan said AR (active slots, rows), until
-                                                      # the value curves move
+        # the last plan: ((active slots, rows), step, (depth, nodes)) - reused until the value curves move
+        # or the slots change, an AR plan until then, a draft for `replan_every` steps (planning every
+        # step cost 0.23 ms, 1.6% of a batch-2 step on 2 cores, for a plan the cost fit moves little)
+        self._planned: tuple[tuple[int, int], int, tuple[int, int]] | None = None
+        self.replan_every = replan_every
         self.chosen: list[int] = []            # node count per step (0: AR)
         self.depths: list[int] = []            # draft depth per step (0: none)
         self.widths: list[int] = []            # planned draft width per drafting step (width planned)
         self.predicted, self.accepted = 0.0, 0.0  # summed over verified real nodes (calibration)
         self._p_BN = None
-        # drafting steps planned back to back take one AR step in `ar_probe_every`: AR's seconds
+        # drafting steps planned back to back take one AR step in `ar_probe_every` or more (`_ar_gap`): AR's seconds
         # stay measured on ordinary AR steps (`CostModel.ar_s`), not only after an exploration's draft
         self.ar_probe_every, self._since_ar = ar_probe_every, 0
+        self.ar_probe_share, self._ar_probe_loss = ar_probe_share, 0.0  # (seconds a probe loses to the plan)
 
     @property
     def value(self) -> list[list[float] | None]:
@@ -512,12 +529,14 @@ class GoodputPolicy:
                 self._class = self.explore[k % len(self.explore)][1]
                 self.draft_width = self.classes[self._class]
         else:
-            if self._ar_at == (n_active, rows):
-                d, n = 0, 0  # AR was best, and what it was weighed on has not moved but the cost fit
-            else:            # (which the next probe's drafts move again)
-                d, n = self._best_plan(n_active, rows)
-                self._ar_at = (n_active, rows) if d == 0 else None
-            if d > 0 and self._since_ar >= self.ar_probe_every:  # what does an AR step cost now?
+            last = self._planned
+            if last is not None and last[0] == (n_active, rows) and (
+                    last[2] == (0, 0) or self.steps - last[1] < self.replan_every):
+                d, n = last[2]  # the last plan, while what it was weighed on has not moved but the cost fit:
+            else:               # AR until the values move (the next probe's drafts move the fit again), a
+                d, n = self._best_plan(n_active, rows)  # draft for replan_every steps
+                self._planned = ((n_active, rows), self.steps, (d, n))
+            if d > 0 and self._since_ar >= self._ar_gap():  # what does an AR step cost now?
                 d, n = 0, 0
             self._since_ar = self._since_ar + 1 if d > 0 else 0
             self.idle = self.idle + 1 if d == 0 else 0
@@ -534,6 +553,15 @@ class GoodputPolicy:
         if d and self.draft_width is not None:
             self.widths.append(self.draft_width)
         return d
+
+    def _ar_gap(self) -> int:
+        """Drafting steps between two AR probes: `ar_probe_every`, or as many as make what a probe
+        loses to the plan (its seconds x (1 - AR's rate / the plan's)) `ar_probe_share` of the steps
+        between (measured on 2 cores at batch 2, where the plan ran 1.9x AR: a probe in 64 steps
+        cost ~1%, one in 256 ran 2% faster against the fixed CPU tree)."""
+        if self.step_s <= 0 or self._ar_probe_loss <= 0:
+            return self.ar_probe_every
+        return max(self.ar_probe_every, math.ceil(self._ar_probe_loss / (self.ar_probe_share * self.step_s)))
 
     def _width(self, n: int) -> int | None:
         """The draft width of this step's class that holds its best n nodes (None: not planned)."""
@@ -559,7 +587,8 @@ class GoodputPolicy:
         step - a small push towards the larger trees that fixed CPU trees showed to win)."""
         other = self.cost.overhead_s()   # what any step pays besides its plan's own seconds
         fixed = other + self.cost.commit_extra()  # any drafting step, besides its depth and verification
-        ar_rate = n_active / max(other + self.cost.ar_s(rows), 1e-12)
+        t_ar = other + self.cost.ar_s(rows)  # an AR step's seconds
+        ar_rate = n_active / max(t_ar, 1e-12)
         n_N, w_CN, d_D1 = self._grid
         verify_N = self.cost.verify_s(rows * (1 + n_N))  # every candidate's verification at once
         rate_CDN = []
@@ -580,6 +609,7 @@ class GoodputPolicy:
         k = int(rate_CDN.argmax())  # row-major: then the shallower depth, then the fewer nodes
         best = float(rate_CDN.flat[k])
         self.rate = max(best, ar_rate) / max(n_active, 1)  # per active slot
+        self._ar_probe_loss = t_ar * (1 - ar_rate / best) if best > ar_rate else 0.0
         self._plan_class, k = divmod(k, rate_CDN.shape[1] * self.budget)
         if not best > ar_rate:
             return 0, 0
@@ -608,7 +638,7 @@ class GoodputPolicy:
                 self.curves[self._class].learn(x_BN, depth_BN, active, drafted, narrowed, self.learn_every, _BUCKETS)
             else:
                 self.curves[self._class].learn(p_BN, depth_BN, active, drafted, narrowed, self.learn_every)
-            self._ar_at = None  # the values moved: an AR plan is weighed again
+            self._planned = None  # the values moved: the plan is weighed again
         if k is not None or not self.cost.ready:
             n = min(self.explore[(k or 0) % len(self.explore)][0], tree.size)
         else:

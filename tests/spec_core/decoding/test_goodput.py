@@ -541,3 +541,20 @@ def test_drafting_back_to_back_takes_one_ar_step_in_ar_probe_every():
     assert 0 not in [pol.plan(1, 1) for _ in range(45)]
     pol = GoodputPolicy(budget=6, depth=3, ar_probe_every=1)  # exploring: every step drafts
     assert 0 not in [pol.plan(1, 1) for _ in range(3)] and pol._since_ar == 0
+
+
+def test_ar_probes_are_further_apart_the_more_a_probe_loses_to_the_plan():
+    """A probe's AR step loses its seconds x (1 - AR's rate / the plan's) against the plan: the gap
+    between probes makes that `ar_probe_share` of the ordinary steps between, never under
+    `ar_probe_every`."""
+    pol = _trained_policy(0.01, 0.0001, per_depth=0.0001)
+    pol.ar_probe_every, pol.step_s = 8, 0.012
+    assert pol.plan(1, 1) > 0
+    t_ar = pol.cost.ar_s(1)
+    loss = t_ar * (1 - (1 / t_ar) / pol.rate)  # n_active = 1: the rate is the plan's
+    gap = math.ceil(loss / (pol.ar_probe_share * pol.step_s))
+    assert gap > 8
+    plans = [pol.plan(1, 1) for _ in range(2 * gap + 2)]
+    assert [i for i, d in enumerate(plans) if d == 0] == [gap - 1, 2 * gap]
+    pol.ar_probe_share = 1.0  # a probe loses little next to the steps between: every ar_probe_every
+    assert pol._ar_gap() == 8
