@@ -24,7 +24,7 @@ from spec_core.reference.vlm.evaluate import call_cost, quality
 from spec_core.reference.vlm.model import PRESETS, VLMSize, build_processor, build_vlm
 from spec_core.reference.vlm.perception import init_projector, train_perception
 from spec_core.reference.vlm.tokenizer import train_tokenizer
-from spec_core.reference.vlm.train import READ_LOSS_WORDS, TRAIN_PRESETS, VLMTrainConfig, train_vlm
+from spec_core.reference.vlm.train import TRAIN_PRESETS, VLMTrainConfig, read_words_of, train_vlm
 
 TOKENIZER_VOCAB = 1024
 
@@ -50,7 +50,7 @@ def task_pool(size: VLMSize, tcfg: VLMTrainConfig, samples: list[dict], processo
             reads = partial(sample_read_tokens, side=size.image_size // size.patch)
     copy_words = CONTENT_WORDS if tcfg.copy_weight > 0 else None  # hires: for the copy loss
     return TaskPool.build(samples, processor, size.n_image_tokens, focus=focus, copy_words=copy_words, reads=reads,
-                          read_words=READ_LOSS_WORDS[tcfg.read_loss_words])
+                          read_words=read_words_of(tcfg))
 
 
 def build_target(preset: str, out_dir: str, seed: int = 0, samples: list[dict] | None = None,

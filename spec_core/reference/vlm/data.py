@@ -187,19 +187,21 @@ class TaskPool:
     pad_id: int
     focus: dict[str, list[list[tuple[np.ndarray, np.ndarray]]]] | None = None  # task -> per example
     copy: dict[str, list[list[tuple[np.ndarray, np.ndarray]]]] | None = None   # task -> per example
-    read: dict[str, list[list[int]]] | None = None  # task -> per example, the positions predicting a read word
+    read: dict[str, list[list[tuple[int, int]]]] | None = None  # task -> per example, (position predicting a read word, its kind)
 
     @classmethod
     def build(cls, samples: list[dict], processor, n_image_tokens: int,
               focus: Callable[[dict], list[np.ndarray | list[np.ndarray]]] | None = None,
               copy_words: frozenset[str] | None = None,
               reads: Callable[[dict], list[dict[str, np.ndarray] | list[dict[str, np.ndarray]]]] | None = None,
-              read_words: frozenset[str] | None = None) -> TaskPool:
+              read_words: frozenset[str] | dict[str, int] | None = None) -> TaskPool:
         """`focus(sample)`: per assistant turn, the indices of the image tokens its answer reads
         (or a list of them, one per sentence: `focus_pairs`); `reads(sample)`: per turn, word ->
         the image tokens that show it, where the focus narrows to them (`read_pairs`, `sharpen`);
         `read_words`: only positions predicting one of these words are read positions (`read`,
-        the read loss's), the focus narrows for every read word (None: every read word);
+        the read loss's), the focus narrows for every read word (None: every read word; a dict:
+        word -> its kind, which `read_BT` holds + 1 - the read loss decodes each kind from heads of
+        its own);
         `copy_words`: the words whose repetitions from the question are taught (`copy_pairs`)."""
         rows: dict[str, int] = {}
         pngs = []
@@ -225,8 +227,10 @@ class TaskPool:
                     rp = read_pairs(ids, labels, image_id, words, reads(s), stop_id)
                     pairs = sharpen(pairs, rp)
                     queries = [int(q[0]) for q, _ in rp]
+                    kind = read_words.get if isinstance(read_words, dict) else (
+                        lambda w: 0 if read_words is None or w in read_words else None)
                     rd.setdefault(s["task"], []).append(
-                        [q for q in queries if read_words is None or words[q + 1] in read_words])
+                        [(q, k) for q in queries if (k := kind(words[q + 1])) is not None])
                 foc.setdefault(s["task"], []).append(pairs)
             if copy_words:
                 cop.setdefault(s["task"], []).append(copy_pairs(ids, labels, content))
@@ -254,8 +258,9 @@ class TaskPool:
         if self.copy is not None:
             out["copy_BTT"] = pair_mask([self.copy[task][j] for j in js], width)
         if self.read is not None:
-            read_BT = torch.zeros((size, width), dtype=torch.bool)
+            read_BT = torch.zeros((size, width), dtype=torch.long)  # kind + 1, 0: not a read position
             for b, j in enumerate(js):
-                read_BT[b, self.read[task][j]] = True
+                for q, k in self.read[task][j]:
+                    read_BT[b, q] = k + 1
             out["read_BT"] = read_BT
         return out

@@ -17,11 +17,12 @@ from spec_core.reference.tasks import corpus_texts
 from spec_core.reference.vlm.data import TaskPool, token_words
 from spec_core.reference.vlm.model import PRESETS, build_processor, build_vlm
 from spec_core.reference.vlm.tokenizer import train_tokenizer
-from spec_core.reference.vlm.train import READ_LOSS_WORDS, HeadOutputs, VLMTrainConfig, read_loss, train_vlm
+from spec_core.reference.vlm.train import (READ_KINDS, READ_LOSS_WORDS, HeadOutputs, VLMTrainConfig, read_heads_of,
+                                           read_loss, read_words_of, train_vlm)
 from spec_core.reference.vocab import COLOURS, SHAPES, WORDS
 
 
-def _world(read_words: frozenset[str] | None = None, tasks: tuple[str, ...] = ("general_vqa",)):
+def _world(read_words: frozenset[str] | dict[str, int] | None = None, tasks: tuple[str, ...] = ("general_vqa",)):
     samples = [hires.make_sample(i, t, 0, "train") for i in range(16) for t in tasks]
     tok = train_tokenizer([*corpus_texts(samples), *sorted(hires.all_words())], 1024)
     size = PRESETS["tiny-hires"]
@@ -37,7 +38,8 @@ def test_read_positions_predict_words_the_image_shows():
     n = 0
     for (_, ids, _), qs in zip(pool.examples["general_vqa"], pool.read["general_vqa"]):
         words = token_words(tok, ids)
-        for q in qs:
+        for q, k in qs:
+            assert k == 0  # one kind: every read word
             assert words[q + 1] in set(COLOURS) | set(SHAPES) | set(hires.all_words()) | {str(v) for v in range(0, 101, 10)}
             n += 1
     assert n > 0
@@ -53,7 +55,7 @@ def test_read_words_keep_only_their_read_positions_and_every_read_focus():
     for task in tasks:
         for (_, ids, _), all_q, sign_q in zip(every.examples[task], every.read[task], signs.read[task]):
             words = token_words(tok, ids)
-            assert sign_q == [q for q in all_q if words[q + 1] in WORDS]  # the same positions, filtered
+            assert sign_q == [(q, k) for q, k in all_q if words[q + 1] in WORDS]  # the same positions, filtered
             kept, dropped = kept + len(sign_q), dropped + len(all_q) - len(sign_q)
         for a, b in zip(every.focus[task], signs.focus[task]):  # the focus narrows for every read word still
             assert [(q.tolist(), k.tolist()) for q, k in a] == [(q.tolist(), k.tolist()) for q, k in b]
@@ -61,6 +63,56 @@ def test_read_words_keep_only_their_read_positions_and_every_read_focus():
     assert READ_LOSS_WORDS["all"] is None
     with pytest.raises(ValueError, match="read_loss_words"):
         VLMTrainConfig(read_loss_words="sign")
+
+
+def test_by_kind_every_read_word_has_its_kind_and_its_own_heads():
+    """"by_kind": a sign's word, a colour, a shape or bar value each keep their kind (READ_KINDS),
+    a bar's label (which shares its patches with the value) is no read position; the config asks
+    for as many focus heads as the kinds read from."""
+    cfg = VLMTrainConfig(read_loss_words="by_kind", focus_heads=4)
+    tasks = ("general_vqa", "text_vqa", "chart_vqa")
+    tok, _, pool = _world(read_words_of(cfg), tasks)
+    seen = set()
+    for task in tasks:
+        for (_, ids, _), qs in zip(pool.examples[task], pool.read[task]):
+            words = token_words(tok, ids)
+            for q, k in qs:
+                assert words[q + 1] in READ_KINDS[k][0]
+                seen.add(k)
+    assert seen == {0, 1, 2}
+    assert read_heads_of(cfg) == [(0, 2), (2, 1), (3, 1)] and read_heads_of(VLMTrainConfig()) == [(0, 2)]
+    with pytest.raises(ValueError, match="focus_heads"):
+        VLMTrainConfig(read_loss_words="by_kind")  # 2 focus heads: the fourth kind's head is not one
+
+
+def test_each_kind_is_decoded_from_its_own_heads():
+    """Two kinds on a 2-head decoder, colours on head 0 and shapes on head 1: the loss is the mean
+    over both kinds' positions of o_proj with every other head's output zeroed, decoded."""
+    torch.manual_seed(0)
+    kinds = {**{c: 0 for c in COLOURS}, **{s: 1 for s in SHAPES}}
+    tok, size, pool = _world(kinds)
+    model = build_vlm(size, tok, 0).eval()
+    b = pool.batch("general_vqa", 6, np.random.default_rng(0))
+    read_BT = b.pop("read_BT")
+    b.pop("focus_BTT")
+    assert set(read_BT.unique().tolist()) == {0, 1, 2}
+    lm = model.model.language_model
+    with torch.no_grad(), HeadOutputs(model, [1]) as heads_out:
+        model(**b)
+    x = heads_out.inputs[1]
+    d = x.shape[-1] // model.config.text_config.num_attention_heads
+    logits, targets = [], []
+    for k in (0, 1):
+        only = torch.zeros_like(x)
+        only[..., k * d: (k + 1) * d] = x[..., k * d: (k + 1) * d]
+        q_B, q_T = (read_BT[:, :-1] == k + 1).nonzero(as_tuple=True)
+        logits.append(model.lm_head(lm.norm(lm.layers[1].self_attn.o_proj(only)[q_B, q_T])))
+        targets.append(b["labels"][q_B, q_T + 1])
+    want = F.cross_entropy(torch.cat(logits), torch.cat(targets))
+    got = read_loss(model, heads_out.inputs, read_BT, b["labels"], [(0, 1), (1, 1)])
+    assert torch.allclose(got, want, atol=1e-5)
+    one_head = read_loss(model, heads_out.inputs, read_BT.bool().long(), b["labels"], 1)  # both kinds on head 0
+    assert not torch.allclose(got, one_head, atol=1e-3)
 
 
 def test_the_read_loss_is_the_heads_direct_contribution_decoded():
