@@ -434,8 +434,11 @@ class GoodputPolicy:
     that doubles up to `max_pause` steps, or longer where one probe costs more than
     `probe_share` of that many AR steps (a full tree at batch 16 costs several AR steps: probing
     every 64 steps cost a training-free proposer 10% against AR where its drafts never paid).
-    Where drafts pay, one step in `ar_probe_every + 1` is AR all the same, so that AR's seconds
-    are measured on ordinary AR steps rather than read off the trees' line.
+    Where drafts pay, an AR step still comes after `ar_probe_every` drafting steps or more, so
+    that AR's seconds are measured on ordinary AR steps rather than read off the trees' line: the
+    gap grows until what a probe loses to the plan is `ar_probe_share` of the steps between
+    (`_ar_gap`). A plan is reused for `replan_every` steps while the active slots stay the same;
+    every learning step plans again.
 
     `depth_scaled=False` (training-free proposers): a draft costs what it costs whatever the depth
     planned - a proposer builds its whole tree (Token Recycling's template, a PLD chain) - so the
