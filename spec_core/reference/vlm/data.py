@@ -217,6 +217,9 @@ class TaskPool:
         image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
         content = content_token_ids(processor.tokenizer, copy_words) if copy_words else frozenset()
         stop_id = processor.tokenizer.convert_tokens_to_ids(".")  # the full stop, for per-sentence focus
+        # a read word's kind (None: not a read position of the read loss)
+        kind = read_words.get if isinstance(read_words, dict) else (
+            lambda w: 0 if read_words is None or w in read_words else None)
         for s in samples:
             ids, labels = encode_conversation(processor.tokenizer, list(s["conversation"]), n_image_tokens)
             ex.setdefault(s["task"], []).append((rows[s["image_sha256"]], ids, labels))
@@ -227,8 +230,6 @@ class TaskPool:
                     rp = read_pairs(ids, labels, image_id, words, reads(s), stop_id)
                     pairs = sharpen(pairs, rp)
                     queries = [int(q[0]) for q, _ in rp]
-                    kind = read_words.get if isinstance(read_words, dict) else (
-                        lambda w: 0 if read_words is None or w in read_words else None)
                     rd.setdefault(s["task"], []).append(
                         [(q, k) for q in queries if (k := kind(words[q + 1])) is not None])
                 foc.setdefault(s["task"], []).append(pairs)

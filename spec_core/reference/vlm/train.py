@@ -297,6 +297,7 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
     c_head = min(cfg.focus_heads, model.config.text_config.num_attention_heads - 1)
     layers = sorted(set(f_layers) | set(c_layers))  # `out.attentions` holds these, in this order
     reading = focus and cfg.read_weight > 0 and pool.read is not None
+    read_heads = read_heads_of(cfg)
     recent_read: list[float] = []
     t0 = time.perf_counter()
     recent: list[float] = []
@@ -323,7 +324,7 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
                 loss = loss + cfg.copy_weight * c
                 recent_copy = (recent_copy + [c.item()])[-50:]
             if reading:
-                r = read_loss(model, heads_out.inputs, read_BT, batch["labels"], read_heads_of(cfg))
+                r = read_loss(model, heads_out.inputs, read_BT, batch["labels"], read_heads)
                 loss = loss + cfg.read_weight * r
                 recent_read = (recent_read + [r.item()])[-50:]
             opt.zero_grad(set_to_none=True)
