@@ -53,7 +53,7 @@ def _host(x) -> np.ndarray:
     policy's arithmetic is on a few hundred numbers per step: numpy's per-call cost is a fraction
     of torch's (measured: the policy's plan, choice and update cost ~0.5-0.8 ms per step in torch,
     6-9% of a batch-1 step of the `small` world on 2 cores)."""
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    return x.numpy(force=True) if isinstance(x, torch.Tensor) else np.asarray(x)  # (one call: detach, cpu)
 
 
 def _ema(old: float | None, new: float, alpha: float) -> float:
@@ -233,7 +233,9 @@ class AcceptanceModel:
     def _index(self, shape: tuple[int, int]) -> np.ndarray:
         return np.broadcast_to(np.minimum(np.arange(shape[1]), len(self.node_seen) - 1), shape)
 
-    def _keys(self, score_BN: np.ndarray | None, depth_BN: np.ndarray) -> np.ndarray:
+    def keys(self, score_BN: np.ndarray | None, depth_BN: np.ndarray) -> np.ndarray:
+        """(B, N) each node's key (host arrays in): its confidence bucket where the nodes are scored,
+        else its depth."""
         # (np.minimum / np.maximum: np.clip's wrapper costs more than the arithmetic at this size)
         if score_BN is not None:  # bucket k holds exp(score) in [k, k + 1) / buckets: log-edges, one call
             return np.searchsorted(_LOG_EDGES, score_BN, side="right")
@@ -243,11 +245,15 @@ class AcceptanceModel:
         """(B, N) probabilities; along each row non-increasing where the nodes are ordered by score
         (a prefix never values a node above one before it)."""
         score = None if score_BN is None else _host(score_BN)
-        by_key = self.bucket_p() if score is not None else self.depth_p()
-        p_BN = by_key[self._keys(score, _host(depth_BN))]
+        return self.p_of(self.keys(score, _host(depth_BN)), score is not None)
+
+    def p_of(self, key_BN: np.ndarray, scored: bool) -> np.ndarray:
+        """(B, N) probabilities of nodes by their `keys` (a step's keys serve its choice and its
+        observation: computed once)."""
+        p_BN = (self.bucket_p() if scored else self.depth_p())[key_BN]
         if not p_BN.size:
             return p_BN
-        if score is None and len(self.node_seen):  # by index, from the depth's
+        if not scored and len(self.node_seen):  # by index, from the depth's
             i_BN = self._index(p_BN.shape)
             return (self.node_acc[i_BN] + _PRIOR_WEIGHT * p_BN) / (self.node_seen[i_BN] + _PRIOR_WEIGHT)
         return np.minimum.accumulate(p_BN, axis=1)
@@ -256,17 +262,33 @@ class AcceptanceModel:
                 real_BN: torch.Tensor | np.ndarray, accepted_BN: torch.Tensor | np.ndarray) -> None:
         """Count every real (not padded) verified node and whether the walk accepted it."""
         score = None if score_BN is None else _host(score_BN)
-        real, hit_BN = _host(real_BN).astype(bool), _host(accepted_BN)
-        acc, seen = (self.conf_acc, self.conf_seen) if score is not None else (self.depth_acc, self.depth_seen)
-        keys = self._keys(score, _host(depth_BN))[real]
-        hit = hit_BN[real].astype(np.float64)
+        self.observe_keys(self.keys(score, _host(depth_BN)), score is not None, _host(real_BN).astype(bool),
+                          _host(accepted_BN))
+
+    def observe_keys(self, key_BN: np.ndarray, scored: bool, real_BN: np.ndarray, hit_BN: np.ndarray) -> None:
+        """`observe` on the nodes' `keys` (bool `real_BN`)."""
+        acc, seen = (self.conf_acc, self.conf_seen) if scored else (self.depth_acc, self.depth_seen)
+        keys, hit = key_BN[real_BN], hit_BN[real_BN].astype(np.float64)
         self._by_key.clear()
         seen += np.bincount(keys, minlength=len(seen))
         acc += np.bincount(keys, weights=hit, minlength=len(acc))
-        if score is None and len(self.node_seen) and real.size:
-            i = self._index(real.shape)[real]
+        if not scored and len(self.node_seen) and real_BN.size:
+            i = self._index(real_BN.shape)[real_BN]
             self.node_seen += np.bincount(i, minlength=len(self.node_seen))
             self.node_acc += np.bincount(i, weights=hit, minlength=len(self.node_acc))
+
+
+def step_seconds(cost: CostModel, rows: int, n_max: int, draft_s: float = 0.0) -> np.ndarray:
+    """(n_max + 1,) seconds of a step verifying N = 0..n_max nodes per slot over `rows` slots: what
+    every step pays, then AR's verify (N = 0) or the draft, the commit extra and the verify of
+    rows x (1 + N) tokens."""
+    seconds_N = np.empty(n_max + 1)
+    other = cost.overhead_s()
+    seconds_N[0] = other + cost.ar_s(rows)
+    if n_max:
+        verify = cost.verify_s(np.arange(2, n_max + 2, dtype=np.float64) * rows)
+        seconds_N[1:] = other + (draft_s + cost.commit_extra() + verify)
+    return seconds_N
 
 
 def choose_nodes(p_BN: torch.Tensor | np.ndarray, active_B: torch.Tensor | np.ndarray, rows: int, cost: CostModel,
@@ -283,18 +305,19 @@ def choose_nodes(p_BN: torch.Tensor | np.ndarray, active_B: torch.Tensor | np.nd
     ~5 nodes per step where a fixed 8-node tree was 10% faster)."""
     p, active = _host(p_BN), _host(active_B).astype(bool)
     n_max = p.shape[1] if cap is None else min(p.shape[1], max(cap, 0))
-    n_active = int(active.sum())
-    # every candidate at once (a step's choice must cost little): expected tokens and seconds, N = 0..n_max
-    value_N = n_active + np.concatenate([[0.0], p[active, :n_max].sum(0).cumsum()])
-    seconds_N = np.empty(n_max + 1)
-    other = cost.overhead_s()
-    seconds_N[0] = other + cost.ar_s(rows)
-    if n_max:
-        verify = cost.verify_s(np.arange(2, n_max + 2, dtype=np.float64) * rows)
-        seconds_N[1:] = other + (draft_s + cost.commit_extra() + verify)
+    value_N = _value(p[:, :n_max], active)
+    seconds_N = step_seconds(cost, rows, n_max, draft_s)
     rates = value_N / np.maximum(seconds_N, 1e-300)  # (no second is free: a floor, not an error state)
     score = value_N - rate * seconds_N if rate is not None else rates
     return int(score.argmax()), rates.tolist()  # ties: the first, the smaller tree
+
+
+def _value(p_BN: np.ndarray, active_B: np.ndarray) -> np.ndarray:
+    """(N + 1,) expected committed tokens of a step verifying the first 0..N nodes of each active row."""
+    value_N = np.empty(p_BN.shape[1] + 1)
+    value_N[0] = 0.0
+    np.cumsum(p_BN[active_B].sum(0), out=value_N[1:])
+    return value_N + int(active_B.sum())
 
 
 class _Curves:
@@ -425,7 +448,8 @@ class GoodputPolicy:
     drafter at batch 16, whose best few nodes are one chain), the narrower class wins.
 
     The first steps explore (the full tree, none, half and a quarter of the budget, then the full
-    budget at each narrower width class) so that the
+    budget at each narrower width class; with several width classes, the list over again until
+    each entry has taught `explore_rows` slot-trees) so that the
     cost fit sees several token counts at this batch size and context - its calibration on the
     running hardware; then one such step, drafted at full depth, keeps the fit and the value curves
     current: `reexplore` steps after the last one, or later where an exploration cost more than
@@ -452,7 +476,8 @@ class GoodputPolicy:
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
                  explore_share: float = 0.02, learn_every: int = 4, band_curve: bool = False,
-                 ar_probe_every: int = 64, replan_every: int = 4, ar_probe_share: float = 0.0025):
+                 ar_probe_every: int = 64, replan_every: int = 4, ar_probe_share: float = 0.0025,
+                 explore_rows: int = 6):
         # band_curve: verification seconds from `cost_curve.BandCurve` instead of the forgetting line
         # alone - measured on 2 cores (2026-12-03, EAGLE-2-style, batch 1-16): it verified more nodes
         # (8.1 against 7.0 per step at batch 2) but ran 0.90-0.99x as fast as the line; with the
@@ -477,6 +502,14 @@ class GoodputPolicy:
         full = len(self.classes) - 1
         self.explore = [(budget, full), (0, full), (max(1, budget // 2), full), (max(1, budget // 4), full)] + [
             (budget, c) for c in range(full)]
+        # the first steps explore the list as many times over as give each entry `explore_rows`
+        # slot-trees (rounds fixed at the first plan, by its active slots): a width class's curves
+        # first rest on its explorations alone, and a class whose first tree came low was not drafted
+        # again. Measured on 2 cores at batch 2 (EAGLE-2-style, 4 policies per arm in one process, 3
+        # runs): one tree each 0.89-0.97x the fixed CPU tree, three each 0.94-1.01x (+4-5% a run);
+        # at batch 1, six rounds +6%; at batch 16 one round (16 slots) as good. One width class: once.
+        self.explore_rows = explore_rows
+        self._initial = len(self.explore)  # steps of the first explorations (set at the first plan)
         self.reexplore, self.max_pause, self.probe_share = reexplore, max_pause, probe_share
         self.explore_share, self.learn_every = explore_share, learn_every
         self.rate: float | None = None  # the planned step's expected tokens per second per active slot
@@ -496,7 +529,8 @@ class GoodputPolicy:
         self.depths: list[int] = []            # draft depth per step (0: none)
         self.widths: list[int] = []            # planned draft width per drafting step (width planned)
         self.predicted, self.accepted = 0.0, 0.0  # summed over verified real nodes (calibration)
-        self._p_BN = None
+        self._step = None  # the chosen tree's keys for observe (`choose`)
+        self._plans, self._seconds = 0, (None, None)  # plans weighed so far; their seconds (_plan_seconds)
         # drafting steps planned back to back take one AR step in `ar_probe_every` or more (`_ar_gap`): AR's seconds
         # stay measured on ordinary AR steps (`CostModel.ar_s`), not only after an exploration's draft
         self.ar_probe_every, self._since_ar = ar_probe_every, 0
@@ -514,19 +548,21 @@ class GoodputPolicy:
 
     def _exploring(self) -> int | None:
         """This step's exploration index, or None."""
-        if self.steps < len(self.explore):
-            return self.steps
+        if self.steps < self._initial:
+            return self.steps % len(self.explore)
         return self._due
 
     def plan(self, n_active: int, rows: int) -> int:
         """The draft depth for this step (0: decode one token, AR)."""
+        if self.steps == 0 and len(self.classes) > 1:
+            self._initial = len(self.explore) * max(1, math.ceil(self.explore_rows / max(n_active, 1)))
         k = self._exploring()
         # a periodic re-exploration while AR is chosen would be a probe as well: the probe's
         # doubling pause decides when to look again
         self.draft_width, self._probe, self._class = self.width, False, len(self.classes) - 1
         self.draft_nodes = None  # a proposer's draft bound (None: the whole budget)
         if not self.cost.ready or not self.curves[-1].knows(self.depth) or (
-                k is not None and (self.steps < len(self.explore) or self.idle == 0)):
+                k is not None and (self.steps < self._initial or self.idle == 0)):
             d = self.depth
             if k is not None:  # an exploration at its width class
                 self._class = self.explore[k % len(self.explore)][1]
@@ -612,6 +648,7 @@ class GoodputPolicy:
         k = int(rate_CDN.argmax())  # row-major: then the shallower depth, then the fewer nodes
         best = float(rate_CDN.flat[k])
         self.rate = max(best, ar_rate) / max(n_active, 1)  # per active slot
+        self._plans += 1
         self._ar_probe_loss = t_ar * (1 - ar_rate / best) if best > ar_rate else 0.0
         self._plan_class, k = divmod(k, rate_CDN.shape[1] * self.budget)
         if not best > ar_rate:
@@ -619,10 +656,17 @@ class GoodputPolicy:
         return (k // self.budget + 1 if self.depth_scaled else self.depth), k % self.budget + 1
 
     def choose(self, tree, active_B: torch.Tensor, rows: int):
-        """The tree truncated to the chosen node count (choose_nodes; the draft is already paid)."""
+        """The tree truncated to the chosen node count (choose_nodes; the draft is already paid).
+        An ordinary step's choice must cost little: the tree comes to the host once, each node's
+        acceptance key is computed once for the choice, the learning and the observation, and the
+        seconds of every node count are weighed once per plan (`_plan_seconds`)."""
         from spec_core.decoding.tree import truncate
 
-        p_BN = self.acceptance.predict(tree.score_BN, tree.depth_BN) * _host(tree.real_BN)
+        scored, parent_BN = tree.score_BN is not None, _host(tree.parent_BN)
+        real_BN = parent_BN != np.arange(1, parent_BN.shape[1] + 1)  # a pad is its own parent
+        depth_BN = _host(tree.depth_BN)
+        key_BN = self.acceptance.keys(_host(tree.score_BN) if scored else None, depth_BN)
+        p_BN = self.acceptance.p_of(key_BN, scored) * real_BN
         active = _host(active_B).astype(bool)
         w = self.classes[self._class]
         narrowed = self.draft_width if w is not None and self.draft_width < w else None
@@ -635,21 +679,36 @@ class GoodputPolicy:
         learn = (k is not None or self._probe or not self.curves[-1].knows(self.depth)
                  or self._drafted % self.learn_every == 0)
         if learn:  # a scored tree's curves learn its nodes' buckets (weighed at plan time), a proposer's its p's
-            depth_BN, drafted = _host(tree.depth_BN), self.depths[-1] if self.depths else self.depth
-            if tree.score_BN is not None:
-                x_BN = np.where(_host(tree.real_BN), self.acceptance._keys(_host(tree.score_BN), depth_BN), -1)
+            drafted = self.depths[-1] if self.depths else self.depth
+            if scored:
+                x_BN = np.where(real_BN, key_BN, -1)
                 self.curves[self._class].learn(x_BN, depth_BN, active, drafted, narrowed, self.learn_every, _BUCKETS)
             else:
                 self.curves[self._class].learn(p_BN, depth_BN, active, drafted, narrowed, self.learn_every)
             self._planned = None  # the values moved: the plan is weighed again
         if k is not None or not self.cost.ready:
             n = min(self.explore[(k or 0) % len(self.explore)][0], tree.size)
-        else:
-            lam = None if self.rate is None else self.rate * int(active.sum())
-            n, _ = choose_nodes(p_BN, active, rows, self.cost, rate=lam)
+        elif self.rate is None:
+            n, _ = choose_nodes(p_BN, active, rows, self.cost)
+        else:  # tokens - rate x seconds, the seconds of this plan
+            score_N = _value(p_BN, active) - self._plan_seconds(rows, int(active.sum()), tree.size)
+            n = int(score_N.argmax())  # ties: the first, the smaller tree
         self.chosen.append(n)
-        self._p_BN = p_BN[:, :n] if learn else None  # None: this step calibrates nothing
+        # what observe counts: the verified nodes' keys, real and active (a drafter's one tree in
+        # learn_every, with the p's they were predicted at; a proposer's every tree)
+        self._step = (key_BN[:, :n], real_BN[:, :n] & active[:, None], scored,
+                      p_BN[:, :n] if learn else None) if learn or not self.depth_scaled else None
         return truncate(tree, n)
+
+    def _plan_seconds(self, rows: int, n_active: int, n_max: int) -> np.ndarray:
+        """(n_max + 1,) the planned rate x the seconds of a step verifying N = 0..n_max nodes
+        (`step_seconds`), weighed once per plan and at most `replan_every` steps apart (an AR plan
+        lasts until a probe): the cost fit moves little in so few steps, and each weighing cost ~0.1
+        ms a step inside a batch-2 run on 2 cores, ~0.7% of it."""
+        key = (self._plans, self.steps // self.replan_every, rows, n_active)
+        if self._seconds[0] != key or len(self._seconds[1]) <= n_max:
+            self._seconds = (key, self.rate * n_active * step_seconds(self.cost, rows, max(n_max, self.budget)))
+        return self._seconds[1][: n_max + 1]
 
     def observe(self, tree, rows: int, verify_s: float, draft_s: float, draft_depth: int,
                 path_BD: torch.Tensor, n_B: torch.Tensor, active_B: torch.Tensor, draft_width: int = 0,
@@ -670,21 +729,21 @@ class GoodputPolicy:
         self.cost.observe_draft(draft_depth, draft_s, rows * draft_width)
         # a proposer's acceptance per node index rests on few nodes: it counts every drafted step
         # (a drafter's, keyed by confidence, one in learn_every as its values)
-        if tree.size == 0 or (self._p_BN is None and self.depth_scaled):
+        step, self._step = self._step, None
+        if tree.size == 0 or step is None:
             return
+        key_BN, real_BN, scored, p_BN = step
         # node i (1-based) of row b is accepted iff it is among the first n[b] entries of its path
         path, n = _host(path_BD), _host(n_B)
         on_path_BD = (np.arange(path.shape[1])[None] < n[:, None]) & (path > 0)
-        accepted_BM = np.zeros((tree.tokens_BN.shape[0], tree.size + 1), dtype=bool)
+        accepted_BM = np.zeros((real_BN.shape[0], tree.size + 1), dtype=bool)
         b_I, d_I = np.nonzero(on_path_BD)
         accepted_BM[b_I, path[b_I, d_I]] = True
         accepted_BN = accepted_BM[:, 1:]
-        real_BN = _host(tree.real_BN) & _host(active_B).astype(bool)[:, None]
-        if self._p_BN is not None:
-            self.predicted += float(self._p_BN[real_BN].sum())
+        if p_BN is not None:
+            self.predicted += float(p_BN[real_BN].sum())
             self.accepted += float(accepted_BN[real_BN].sum())
-        self.acceptance.observe(tree.score_BN, tree.depth_BN, real_BN, accepted_BN)
-        self._p_BN = None
+        self.acceptance.observe_keys(key_BN, scored, real_BN, accepted_BN)
 
     def _schedule(self, explored: bool, seconds: float) -> None:
         """After a step: the ordinary steps' cost, and when the next re-exploration is due - at
@@ -692,7 +751,7 @@ class GoodputPolicy:
         step) `explore_share` of the steps between."""
         if not explored:
             self.step_s = seconds if self.step_s == 0 else 0.9 * self.step_s + 0.1 * seconds
-        elif self.steps >= len(self.explore):
+        elif self.steps >= self._initial:
             extra = max(seconds - self.step_s, 0.0)
             gap = math.ceil(extra / (self.explore_share * self.step_s)) if self.step_s > 0 else 0
             self._next_explore, self._due = self.steps + max(self.reexplore, gap), None

@@ -454,8 +454,8 @@ def test_the_plan_chooses_the_draft_width_by_the_brute_force_best_rate():
         pol.cost = _cost(0.01, 0.0001)
         for rows in (3, 6, 3, 6):
             pol.cost.observe_draft(1, 0.001 + slope * rows, rows=rows)
-        for _ in range(len(pol.explore)):
-            pol.plan(1, 1)
+        for _ in range(6 * len(pol.explore)):  # one slot: the first steps explore the list 6 times over
+            assert pol.plan(1, 1) == 3
             pol.choose(tree(pol.draft_width), torch.tensor([True]), 1)
             pol.steps += 1
         rates = {(0, 0, 0): 1 / pol.cost.ar_s(1)}
@@ -558,3 +558,22 @@ def test_ar_probes_are_further_apart_the_more_a_probe_loses_to_the_plan():
     assert [i for i, d in enumerate(plans) if d == 0] == [gap - 1, 2 * gap]
     pol.ar_probe_share = 1.0  # a probe loses little next to the steps between: every ar_probe_every
     assert pol._ar_gap() == 8
+
+
+@pytest.mark.parametrize("slots, rounds", [(1, 6), (2, 3), (4, 2), (16, 1)])
+def test_the_first_explorations_give_each_entry_explore_rows_slot_trees(slots, rounds):
+    """Width classes' first curves rest on their explorations alone: the first steps run the
+    exploration list until each entry has taught `explore_rows` (6) slot-trees, by the active
+    slots of the first plan; a policy of one class (a proposer) explores its list once."""
+    def explored(pol: GoodputPolicy, slots: int) -> list[int]:
+        pol.plan(slots, slots)
+        seen = []
+        while (k := pol._exploring()) is not None and len(seen) < 100:
+            seen.append(k)
+            pol.steps += 1
+        return seen
+
+    pol = GoodputPolicy(budget=6, depth=3, width=6)
+    assert explored(pol, slots) == list(range(len(pol.explore))) * rounds
+    proposer = GoodputPolicy(budget=6, depth=3, depth_scaled=False)
+    assert explored(proposer, slots) == list(range(len(proposer.explore)))
