@@ -662,9 +662,7 @@ class GoodputPolicy:
         seconds of every node count are weighed once per plan (`_plan_seconds`)."""
         from spec_core.decoding.tree import truncate
 
-        scored, parent_BN = tree.score_BN is not None, _host(tree.parent_BN)
-        real_BN = parent_BN != np.arange(1, parent_BN.shape[1] + 1)  # a pad is its own parent
-        depth_BN = _host(tree.depth_BN)
+        scored, real_BN, depth_BN = tree.score_BN is not None, _host(tree.real_BN), _host(tree.depth_BN)
         key_BN = self.acceptance.keys(_host(tree.score_BN) if scored else None, depth_BN)
         p_BN = self.acceptance.p_of(key_BN, scored) * real_BN
         active = _host(active_B).astype(bool)
