@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from spec_core.decoding.goodput import AcceptanceModel, CostModel, GoodputPolicy, choose_nodes
+from spec_core.decoding.goodput import AcceptanceModel, CostModel, GoodputPolicy, choose_nodes, could_pay
 
 
 def _cost(a: float, b: float) -> CostModel:
@@ -250,6 +250,44 @@ def test_a_proposer_drafts_its_whole_tree_or_none_at_its_measured_cost():
     assert max((1 + costly.value[3][n]) / (0.012 + costly.cost.verify_s(1 + n)) for n in (1, 2, 3)) < ar_rate
     assert costly.plan(1, 1) == 0
     assert {proposer_policy(0.008).plan(1, 1) for _ in range(5)} <= {0, 3}
+
+
+def test_could_pay_is_the_most_nodes_whose_step_beats_ar_were_every_node_accepted():
+    """Brute force over N: all accepted, the step commits 1 + the deepest real node's depth among
+    the first N of the rows (the best row), in seconds_N against one token in seconds_0."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        B, N = int(rng.integers(1, 4)), int(rng.integers(0, 12))
+        depth_BN = np.sort(rng.integers(1, 6, size=(B, N)), axis=1)
+        real_BN = rng.random((B, N)) < 0.8
+        active_B = rng.random(B) < 0.8
+        seconds_N = 0.01 * (1 + np.arange(N + 1) * rng.uniform(0.05, 1.0))
+        got = could_pay(depth_BN, real_BN, active_B, seconds_N)
+        best = 0
+        for n in range(1, N + 1):
+            deepest = max((int(depth_BN[b, :n][real_BN[b, :n]].max(initial=0)) for b in range(B) if active_B[b]),
+                          default=0)
+            if deepest and (1 + deepest) * seconds_N[0] >= seconds_N[n]:
+                best = n
+        assert got == best, (depth_BN, real_BN, active_B, seconds_N)
+
+
+def test_an_exploration_verifies_no_more_nodes_than_could_pay():
+    """40 candidates for the next token (a star): every step commits 2 tokens at best, so N nodes
+    could pay only while verify(1 + N) <= 2 verify(1): with verify(T) = 0.01 + b T, N <= 0.01 / b + 1
+    (the whole budget at b = 0.0001, 10 at 0.0011, 1 at 0.02); a chain of 40 could pay at any N."""
+    from spec_core.decoding.tree import DraftTree, ancestor_mask
+
+    def tree(parent):
+        depth = torch.ones(1, 40, dtype=torch.long) if parent.max() == 0 else torch.arange(1, 41)[None]
+        return DraftTree(torch.zeros(1, 40, dtype=torch.long), parent, depth, ancestor_mask(parent, 40), None)
+
+    star, chain = tree(torch.zeros(1, 40, dtype=torch.long)), tree(torch.arange(40)[None])
+    for shape, b, most in ((star, 0.0001, 40), (star, 0.0011, 10), (star, 0.02, 1), (chain, 0.02, 40)):
+        pol = GoodputPolicy(budget=40, depth=40, depth_scaled=False)
+        pol.cost = _cost(0.01, b)
+        assert pol.plan(1, 1) == 40 and pol._exploring() == 0  # the first exploration: the whole budget
+        assert pol.choose(shape, torch.tensor([True]), 1).size == most, (b, most)
 
 
 @pytest.mark.parametrize("explore_cost, most", [(0.010, 1000 // 32 + 1), (0.100, 1000 // 450 + 1)])
