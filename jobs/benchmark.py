@@ -114,6 +114,10 @@ def main(cfg: BenchmarkConfig) -> dict:
                                                                f"acceptance vs visual grounding, {name}"))):
             store.write_bytes(join(run_dir, fname), png)
             st["plots"].append(fname)
+        if not metrics:  # every turn rejected: nothing to compare (its generate run holds the reasons)
+            reasons = g["figures"].get("rejects") or ["none recorded"]
+            raise ValueError(f"{name}: no turn was decoded - {len(reasons)} rejects, e.g. {reasons[0]!r} "
+                             f"(all of them: {join(gdir, 'rejects.parquet')})")
         store.write_bytes(join(run_dir, f"latency_cdf_{tag}.png"), store.read_bytes(join(gdir, "latency_cdf.png")))
         st["plots"].append(f"latency_cdf_{tag}.png")
         settings.append(st)

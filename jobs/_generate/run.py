@@ -15,7 +15,7 @@ from jobs.lib.artifact_store import committed_shards, read_kind
 from jobs.lib.config import Strict
 from jobs.lib.job import ActorPoolSection, JobConfig
 from jobs.lib.metrics import RunRecorder
-from jobs.lib.model_cache import model_identity, read_model_file
+from jobs.lib.model_cache import model_identity, model_position_limit, read_model_file
 from jobs.lib.ray_setup import init_ray
 from jobs.lib.run_key import fingerprint, open_run
 from jobs.lib.storage import Storage, join, scheme_of
@@ -204,6 +204,11 @@ def main(cfg: GenerateConfig) -> dict:
         raise ConnectionError(f"cannot reach the manifest's storage: {err}") from err
     ident = model_identity(store, cfg.target.path)  # s3://: its config.json only; actors download the rest
     check_drafters(cfg, ident, store)
+    limit = model_position_limit(store, cfg.target.path)
+    if limit is not None and cfg.generation.max_new_tokens >= limit:  # every turn would be rejected
+        raise ValueError(f"generation.max_new_tokens {cfg.generation.max_new_tokens} leaves no position for a prompt: "
+                         f"the target has {limit} (max_position_embeddings), and a turn is rejected where its prompt "
+                         f"plus max_new_tokens do not fit - set it below {limit} less the longest prompt")
     inputs = {"target": fingerprint(store, cfg.target.path), **{f"manifest {u}": fingerprint(store, u) for u in files},
               **{f"drafter {n}": fingerprint(store, cfg.methods[n].drafter) for n in cfg.compare if cfg.methods[n].drafter}}
     key = open_run(cfg, "generate", store, inputs)

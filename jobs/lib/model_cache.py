@@ -145,6 +145,21 @@ def read_model_file(store: Storage, uri: str, name: str) -> bytes | None:
     return None
 
 
+def model_position_limit(store: Storage, uri: str) -> int | None:
+    """The positions of the model's text decoder (spec_core's `position_limit`) from its
+    config.json alone, at any URI; None where it names none."""
+    from transformers import AutoConfig
+
+    from spec_core.targets.base import position_limit
+
+    raw = read_model_file(store, uri, "config.json")
+    if raw is None:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_bytes(raw)
+        return position_limit(AutoConfig.from_pretrained(d, local_files_only=True))
+
+
 def model_identity(store: Storage, uri: str) -> dict:
     """spec_core's `target_identity` of the model at `uri`, naming `uri` itself: a local directory
     exactly as before, a remote one from its config.json alone."""

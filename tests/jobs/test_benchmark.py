@@ -91,3 +91,22 @@ def test_config_mistakes_fail_first(world, tmp_path):
     with pytest.raises(FileNotFoundError, match="not a local drafter directory"):
         main(_cfg(world, tmp_path, methods={"ar": {"kind": "ar"}, "x": {"drafter": str(tmp_path / "none")}},
                   compare=["ar", "x"]))
+
+
+def test_no_room_for_a_prompt_fails_first_and_a_setting_with_every_turn_rejected_says_why(world, ray_local, tmp_path):
+    """max_new_tokens that fills the target's position table (MMSpec's 1024 on a 1024-position
+    target) fails before any work, naming the table; where every prompt is too long for what is
+    left, the benchmark stops at that setting with the reject reason, not at a missing plot."""
+    from tests.jobs.worlds import short_table_target
+
+    short = short_table_target(world / "target", tmp_path / "short", 40)  # every prompt here is longer than 24
+    methods = {"ar": {"kind": "ar"}, "pld": {"kind": "pld"}}
+    with pytest.raises(ValueError, match="max_new_tokens 40 leaves no position for a prompt: the target has 40"):
+        main(_cfg(world, tmp_path / "a", target={"path": short}, methods=methods, compare=list(methods),
+                  max_new_tokens=40))
+    assert not (tmp_path / "a" / "generate").exists()  # no generate run began
+    with pytest.raises(ValueError, match=r"greedy \(temperature 0\): no turn was decoded - \d+ rejects, "
+                                         r"e\.g\. '[\w-]+: beyond the position table: \d+ tokens \+ 16 new > "
+                                         r"max_position_embeddings 40'"):
+        main(_cfg(world, tmp_path / "b", target={"path": short}, methods=methods, compare=list(methods),
+                  compute={"num_actors": 1, "batch_sizes": [1]}))
