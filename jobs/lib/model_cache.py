@@ -145,6 +145,21 @@ def read_model_file(store: Storage, uri: str, name: str) -> bytes | None:
     return None
 
 
+@contextlib.contextmanager
+def _config_dir(store: Storage, uri: str):
+    """A local directory holding the model's config.json: the model's own where it is local, a
+    temporary copy of the file alone where it is remote (the driver never downloads weights)."""
+    if scheme_of(uri) == "file":
+        yield _local_path(uri)
+        return
+    raw = read_model_file(store, uri, "config.json")
+    if raw is None:
+        raise FileNotFoundError(f"target path {uri!r} is not a model directory (no config.json)")
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_bytes(raw)
+        yield d
+
+
 def model_position_limit(store: Storage, uri: str) -> int | None:
     """The positions of the model's text decoder (spec_core's `position_limit`) from its
     config.json alone, at any URI; None where it names none."""
@@ -152,11 +167,7 @@ def model_position_limit(store: Storage, uri: str) -> int | None:
 
     from spec_core.targets.base import position_limit
 
-    raw = read_model_file(store, uri, "config.json")
-    if raw is None:
-        return None
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "config.json").write_bytes(raw)
+    with _config_dir(store, uri) as d:
         return position_limit(AutoConfig.from_pretrained(d, local_files_only=True))
 
 
@@ -167,9 +178,5 @@ def model_identity(store: Storage, uri: str) -> dict:
 
     if scheme_of(uri) == "file":
         return target_identity(uri)
-    raw = read_model_file(store, uri, "config.json")
-    if raw is None:
-        raise FileNotFoundError(f"target path {uri!r} is not a model directory (no config.json)")
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "config.json").write_bytes(raw)
+    with _config_dir(store, uri) as d:
         return {**target_identity(d), "target_path": uri}
