@@ -96,6 +96,10 @@ def main(cfg: BenchmarkConfig) -> dict:
         metrics = pq.read_table(io.BytesIO(store.read_bytes(join(gdir, "metrics.parquet")))).to_pylist()
         tasks, throughput = g["details"]["per_task"], g["details"]["throughput"]
         name = "greedy (temperature 0)" if t == 0 else f"sampling at temperature {t:g}"
+        if not metrics:  # every turn rejected: nothing to compare (its generate run holds the reasons)
+            reasons = g["figures"].get("rejects") or ["none recorded"]
+            raise ValueError(f"{name}: no turn was decoded - {len(reasons)} rejects, e.g. {reasons[0]!r} "
+                             f"(all of them: {join(gdir, 'rejects.parquet')})")
         st = {"name": name, "sampled": t > 0, "samples": g["counts"].get("samples", 0),
               "turns": g["counts"].get("turns", 0), "tasks": tasks, "throughput": throughput,
               "per_sample": br.per_sample_speedup(metrics, cfg.compare, baseline),
@@ -114,10 +118,6 @@ def main(cfg: BenchmarkConfig) -> dict:
                                                                f"acceptance vs visual grounding, {name}"))):
             store.write_bytes(join(run_dir, fname), png)
             st["plots"].append(fname)
-        if not metrics:  # every turn rejected: nothing to compare (its generate run holds the reasons)
-            reasons = g["figures"].get("rejects") or ["none recorded"]
-            raise ValueError(f"{name}: no turn was decoded - {len(reasons)} rejects, e.g. {reasons[0]!r} "
-                             f"(all of them: {join(gdir, 'rejects.parquet')})")
         store.write_bytes(join(run_dir, f"latency_cdf_{tag}.png"), store.read_bytes(join(gdir, "latency_cdf.png")))
         st["plots"].append(f"latency_cdf_{tag}.png")
         settings.append(st)
