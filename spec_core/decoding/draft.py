@@ -3,12 +3,13 @@
 The root state (the drafter's output at the last committed position, scored with correction at
 depth 0) proposes `width` children. At each depth d = 1..D-1 the `width` best frontier nodes by
 cumulative log-probability are run through the drafter in one forward - input [embed(token);
-uncorrected parent state], position = root position + d - 1 (as in training, `fovea.unroll`),
-attending to the committed drafter cache plus the node's own ancestors - and each proposes `width`
-children, scored with the corrected state when d <= correction_depth. The `budget` best of all
-candidates become the tree. Frontier KV entries are written past the longest row's committed
-length (scratch slots shared by every row) and never committed: after verification the drafter re-reads the accepted tokens with
-the target's own features.
+parent state (uncorrected, or h_hat with `feedback: corrected`)], position = root position + d - 1
+(as in training, `fovea.unroll`), attending to the committed drafter cache plus the node's own
+ancestors - and each proposes `width` children, scored with the corrected state when d <=
+correction_depth. The `budget` best of all candidates become the tree. Frontier KV entries are
+written past the longest row's committed length (scratch slots shared by every row) and never
+committed: after verification the drafter re-reads the accepted tokens with the target's own
+features.
 
 Shapes: B batch, W width, D hidden, V vocabulary, C candidates, K keys.
 """
@@ -29,11 +30,13 @@ _MAX_LOGP = -1e-9
 
 
 def _top_children(drafter: FoveaDrafter, h_BWD: torch.Tensor, depth: int, mem: VisualMemory | None,
-                  correction_depth: int | None, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  correction_depth: int | None, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The `width` best next tokens of each state and their log-probabilities (float64, capped):
     the top of the logits less their log-sum-exp - the log-softmax's order, and its values up to
     float32 rounding, without building (and widening) one over the vocabulary per row. States deeper than the
-    correction depth are scored as they are (what `correct` passes through), without a call."""
+    correction depth are scored as they are (what `correct` passes through), without a call.
+    Also returns the state the next depth reads (h_hat with `feedback: corrected`, else h)."""
+    h_in_BWD = h_BWD
     corr = drafter.correction
     if mem is not None and corr is not None and depth <= (
             corr.cfg.correction_depth if correction_depth is None else correction_depth):
@@ -42,7 +45,8 @@ def _top_children(drafter: FoveaDrafter, h_BWD: torch.Tensor, depth: int, mem: V
     logits_BWV = drafter.logits(h_BWD).float()
     top_BWK, tok_BWK = logits_BWV.topk(width, dim=-1)
     lse_BW1 = logits_BWV.logsumexp(-1, keepdim=True)
-    return (top_BWK.double() - lse_BW1.double()).clamp_max(_MAX_LOGP), tok_BWK
+    fed_BWD = h_BWD if drafter.cfg.feedback == "corrected" else h_in_BWD
+    return (top_BWK.double() - lse_BW1.double()).clamp_max(_MAX_LOGP), tok_BWK, fed_BWD
 
 
 @torch.no_grad()
@@ -59,12 +63,13 @@ def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tenso
     operations, most of them this bookkeeping, next to one drafter block."""
     B, dev = root_h_BD.shape[0], root_h_BD.device
     W = min(cfg.width, drafter.lm_head.out_features)
-    score_BW, tok_BW = (x[:, 0] for x in _top_children(drafter, root_h_BD[:, None], 0, mem, correction_depth, W))
+    score_BW, tok_BW, root_fed_BD = (x[:, 0] for x in _top_children(drafter, root_h_BD[:, None], 0, mem,
+                                                                       correction_depth, W))
     tokens, scores = [tok_BW], [score_BW]
     parents = [torch.full((B, W), -1, dtype=torch.long, device=dev)]
     front_idx = torch.arange(W, device=dev).expand(B, W)        # candidate index of each frontier node
     front_tok, front_score = tok_BW, score_BW
-    front_parent_h = root_h_BD[:, None].expand(B, W, -1)
+    front_parent_h = root_fed_BD[:, None].expand(B, W, -1)
     front_anc = torch.zeros(B, W, 0, dtype=torch.bool, device=dev)  # ancestors among scratch slots
     n_cand, D = W, cfg.depth
     if D > 1:
@@ -87,7 +92,7 @@ def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tenso
         emb = tuple(t[..., d - 1: d, :].expand(*t.shape[:-2], W, t.shape[-1]) for t in (cos, sin))
         h_BWD, _ = drafter.blocks(x, pos_BW, None, cache, mask=mask_B1WK, pos_emb=emb)
         # their children
-        child_lp, child_tok = _top_children(drafter, h_BWD, d, mem, correction_depth, W)   # (B, W, W)
+        child_lp, child_tok, fed_BWD = _top_children(drafter, h_BWD, d, mem, correction_depth, W)   # (B, W, W)
         child_score = front_score[:, :, None] + child_lp
         tokens.append(child_tok.reshape(B, W * W))
         scores.append(child_score.reshape(B, W * W))
@@ -97,7 +102,7 @@ def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tenso
         from_node = pick // W
         front_tok = child_tok.reshape(B, W * W).gather(1, pick)
         front_idx = n_cand + pick
-        front_parent_h = h_BWD.gather(1, from_node[:, :, None].expand(B, W, h_BWD.shape[-1]))
+        front_parent_h = fed_BWD.gather(1, from_node[:, :, None].expand(B, W, h_BWD.shape[-1]))
         front_anc = scratch_BWS.gather(1, from_node[:, :, None].expand(B, W, d * W))
         n_cand += W * W
     per_depth = torch.tensor([W] + [W * W] * (D - 1), device=dev)

@@ -12,6 +12,13 @@ RETRIEVAL_MODES = ("cumulative", "fixed", "dense")
 #   compressed - the first num_queries image slots hold learned-query summaries of the whole image,
 #                the other image slots are masked out of the drafter's attention (ViSpec-style)
 CONTEXT_MODES = ("fused", "prefix", "compressed")
+# Which state of a corrected depth the next depth reads (the paper does not say; its Algorithm 1
+# corrects "only the current scoring representation"): the drafter's own h (default) or h_hat.
+FEEDBACK_MODES = ("uncorrected", "corrected")
+# Which draft state L_hid aligns with the target state: Eq. 13 writes h_hat; Table 8 says "draft
+# states are measured before visual correction" (h, the default: measured, it lifts tau on both
+# reference worlds - docs/results.md); "both" averages the two.
+HIDDEN_LOSS_STATES = ("corrected", "uncorrected", "both")
 
 
 @dataclass(frozen=True)
@@ -37,8 +44,11 @@ class FoveaConfig:
     train_depth: int = 3            # draft steps unrolled in training (training-time test)
     visual_context: str = "fused"   # CONTEXT_MODES
     num_queries: int = 2            # compressed: learned queries per sample (ViSpec num_q = 2)
+    feedback: str = "uncorrected"   # FEEDBACK_MODES: the state a corrected depth feeds to the next
 
     def __post_init__(self):
+        if self.feedback not in FEEDBACK_MODES:
+            raise ValueError(f"feedback must be one of {FEEDBACK_MODES}, not {self.feedback!r}")
         if self.visual_context not in CONTEXT_MODES:
             raise ValueError(f"visual_context must be one of {CONTEXT_MODES}, not {self.visual_context!r}")
         if self.num_queries < 1:
@@ -70,3 +80,8 @@ class LossConfig:
     margin: float = 0.5
     k_c: int = 6
     gamma_w: float = 1.0
+    hidden_state: str = "uncorrected"  # HIDDEN_LOSS_STATES: the draft state L_hid aligns
+
+    def __post_init__(self):
+        if self.hidden_state not in HIDDEN_LOSS_STATES:
+            raise ValueError(f"hidden_state must be one of {HIDDEN_LOSS_STATES}, not {self.hidden_state!r}")

@@ -2,6 +2,8 @@
 
     L = lambda_hid L_hid + lambda_KL L_KL + lambda_tok L_tok, each (1/Z) sum_n w_n (...)
     L_hid : beta_h ||h_hat - h^T||^2 / d_h + beta_mid ||h_mid - h_mid^T||^2 / d_h
+            (`hidden_state`: the uncorrected h as Table 8 says - the default -, h_hat as Eq. 13
+            writes, or the mean of both)
     L_KL  : KL(p^T || p^D), p^T = softmax(W_LM h^T) with the same frozen head
     L_tok : beta_CE CE(y, p^D) + beta_cmp softplus(m - (z_y - zbar_(K_c))), y = argmax z^T,
             zbar_(K_c) the K_c-th largest competing draft logit (the candidate-set boundary)
@@ -31,7 +33,7 @@ import torch.nn.functional as F
 from spec_core.fovea.config import LossConfig
 from spec_core.fovea.data import DraftBatch
 from spec_core.fovea.drafter import FoveaDrafter
-from spec_core.fovea.unroll import unroll
+from spec_core.fovea.unroll import StepStates, unroll
 
 
 def step_weight(step: int, gamma_w: float) -> float:
@@ -65,6 +67,14 @@ def candidate_margin(draft_logits_NV: torch.Tensor, y_N: torch.Tensor, k_c: int,
     return F.softplus(margin - gap)
 
 
+def aligned_mse(s: StepStates, hidden_state: str) -> torch.Tensor:
+    """Eq. 13's final-state term on the draft state(s) `hidden_state` names -> (N,)."""
+    if hidden_state == "corrected":
+        return hidden_mse(s.draft_ND, s.target_ND)
+    raw = hidden_mse(s.raw_ND, s.target_ND)
+    return raw if hidden_state == "uncorrected" else 0.5 * (raw + hidden_mse(s.draft_ND, s.target_ND))
+
+
 @dataclass
 class LossOutput:
     loss: torch.Tensor            # scalar to backpropagate
@@ -92,7 +102,7 @@ def drafter_loss(drafter: FoveaDrafter, batch: DraftBatch, cfg: LossConfig | Non
         with torch.no_grad():
             z_teacher = drafter.logits(s.target_ND).float()
             y = z_teacher.argmax(-1)
-        sums["hid_final"] = sums["hid_final"] + w * hidden_mse(s.draft_ND, s.target_ND).sum()
+        sums["hid_final"] = sums["hid_final"] + w * aligned_mse(s, cfg.hidden_state).sum()
         sums["hid_mid"] = sums["hid_mid"] + w * (hidden_mse(s.draft_mid_ND, s.target_mid_ND) * s.mid_valid_N).sum()
         sums["kl"] = sums["kl"] + w * kl_teacher_draft(z_teacher, z_draft).sum()
         sums["ce"] = sums["ce"] + w * hard_cross_entropy(z_draft, y).sum()

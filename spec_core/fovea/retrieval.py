@@ -15,13 +15,15 @@ from __future__ import annotations
 import torch
 
 
-def _select_top(scores: torch.Tensor, valid: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Bool mask of the k best valid entries per row (k broadcast over `...`)."""
-    masked = scores.masked_fill(~valid, float("-inf"))
-    order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(
-        scores.shape[-1], device=scores.device).expand_as(order))  # rank of each entry in the sort
-    return (rank < k.unsqueeze(-1)) & valid
+def _sorted(scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The valid scores in descending order (invalid: -inf, last) and where each entry came from."""
+    return torch.sort(scores.masked_fill(~valid, float("-inf")), dim=-1, descending=True, stable=True)
+
+
+def _first_k(order: torch.Tensor, valid: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Bool mask of the entries at the first k places of `order` per row (k broadcast over `...`)."""
+    place = torch.arange(order.shape[-1], device=order.device)
+    return torch.zeros_like(valid).scatter_(-1, order, place < k.unsqueeze(-1)) & valid
 
 
 def _renormalised(scores: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -40,22 +42,24 @@ def cumulative_mass_weights(scores: torch.Tensor, valid: torch.Tensor, rho: floa
     valid = valid.bool()
     n_valid = valid.sum(-1)
     with torch.no_grad():
-        # in float64 with a 1e-9 slack, so that a mass of exactly rho (e.g. a flat row) counts
-        # as reached, as in exact arithmetic
-        probs = torch.softmax(scores.double().masked_fill(~valid, float("-inf")), dim=-1).nan_to_num(0.0)
-        sorted_p = torch.sort(probs, dim=-1, descending=True, stable=True).values
-        mass = sorted_p.cumsum(-1)
+        # one sort serves both: the softmax of the sorted scores is the sorted softmax. In float64
+        # with a 1e-9 slack, so that a mass of exactly rho (e.g. a flat row) counts as reached, as
+        # in exact arithmetic
+        sorted_s, order = _sorted(scores, valid)
+        mass = torch.softmax(sorted_s.double(), dim=-1).nan_to_num(0.0).cumsum(-1)
         # smallest k with mass_k >= rho is 1 + #{k : mass_k < rho}; never past |V|
         k_raw = (mass < rho - 1e-9).sum(-1) + 1
         k = torch.minimum(k_raw.clamp(k_min, k_max), n_valid)
-    return _renormalised(scores, _select_top(scores, valid, k)), k
+    return _renormalised(scores, _first_k(order, valid, k)), k
 
 
 def fixed_k_weights(scores: torch.Tensor, valid: torch.Tensor, k_fixed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The top min(k_fixed, |V|) valid entries, renormalised."""
     valid = valid.bool()
     k = valid.sum(-1).clamp_max(k_fixed)
-    return _renormalised(scores, _select_top(scores, valid, k)), k
+    with torch.no_grad():
+        order = _sorted(scores, valid).indices
+    return _renormalised(scores, _first_k(order, valid, k)), k
 
 
 def dense_weights(scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,8 @@ Draft step k = 1..train_depth (tree depth l = k - 1) at sequence index t:
   visual token at image placeholders) (target features, as the drafter's prefix does at
   inference) and predicts the target state at t+1, i.e. scores x_{t+2}; image slots read what
   the drafter's visual_context says, and its masked slots are keys no step attends to;
-- step k >= 2 reads [embed(x_{t+k}); h^{(k-1)}_t], the drafter's own uncorrected state, and
+- step k >= 2 reads [embed(x_{t+k}); h^{(k-1)}_t], the drafter's own uncorrected state (its
+  corrected h_hat^{(k-1)}_t where `feedback: corrected` and depth k - 2 <= correction_depth), and
   predicts the target state at t+k. Its queries see the step-1 keys at positions <= t (the cached
   prefix, up to the root) plus the keys of steps 2..k at the same t (its own draft chain) - exactly
   what a depth-l tree node sees at inference - at position t + k - 1.
@@ -32,6 +33,7 @@ class StepStates:
 
     step: int                 # k (1-based); tree depth k - 1
     draft_ND: torch.Tensor    # h_hat: what the LM head scores
+    raw_ND: torch.Tensor      # h: the last block's output before correction (== h_hat past the correction depth)
     draft_mid_ND: torch.Tensor
     target_ND: torch.Tensor
     target_mid_ND: torch.Tensor
@@ -70,6 +72,7 @@ def unroll(drafter: FoveaDrafter, batch: DraftBatch, depth: int) -> list[StepSta
     mem = drafter.memory(batch.visual_BPD, batch.visual_valid_BP)
     cache, feature = DynamicCache(), batch.final_BTD.to(dtype)
     rank_BT = image_ranks(batch.input_ids_BT, drafter.image_token_id)
+    feed_corrected = drafter.cfg.feedback == "corrected" and mem is not None
     out = []
     for k in range(1, depth + 1):
         tokens_BT, step_rank_BT = _shift(batch.input_ids_BT, k), _shift(rank_BT, k, -1)
@@ -78,7 +81,10 @@ def unroll(drafter: FoveaDrafter, batch: DraftBatch, depth: int) -> list[StepSta
             causal_BTT = causal_BTT & keep_BT[:, None, :]  # the prefix keys every step reads
         attend = torch.cat([causal_BTT] + [diag_BTT] * (k - 1), dim=-1)  # (B, T, k*T)
         h_BTD, first_BTD = drafter.blocks(x, (arange_T + k - 1).expand(B, T), attend, cache)
-        feature = h_BTD  # the uncorrected state is fed back
+        full = None
+        if feed_corrected and k < depth:  # the next step reads h_hat: correct every position
+            full = drafter.correct(h_BTD, torch.full((B, T), k - 1, dtype=torch.long, device=dev), mem)
+        feature = h_BTD if full is None else full.hidden_BSD
 
         sup_BT = _shift(batch.loss_mask_BT, k + 1, False)  # x_{t+k+1} is an assistant token
         n_B = sup_BT.sum(-1)
@@ -88,11 +94,16 @@ def unroll(drafter: FoveaDrafter, batch: DraftBatch, depth: int) -> list[StepSta
         order = torch.sort(sup_BT.long(), dim=-1, descending=True, stable=True).indices[:, :S]
         live_BS = torch.arange(S, device=dev)[None] < n_B[:, None]  # (B, S) real entries
         idx_BS = torch.where(live_BS, order, 0)
-        corr = drafter.correct(_gather(h_BTD, idx_BS), torch.full_like(idx_BS, k - 1), mem)
+        raw_BSD = _gather(h_BTD, idx_BS)
+        if full is None:
+            corr = drafter.correct(raw_BSD, torch.full_like(idx_BS, k - 1), mem)
+            hat_BSD, k_BS = corr.hidden_BSD, corr.k_BS
+        else:  # corrected at every position already
+            hat_BSD, k_BS = _gather(full.hidden_BSD, idx_BS), full.k_BS.gather(1, idx_BS)
         tgt_idx = (idx_BS + k).clamp_max(T - 1)
         out.append(StepStates(
-            k, corr.hidden_BSD[live_BS], _gather(first_BTD, idx_BS)[live_BS],
+            k, hat_BSD[live_BS], raw_BSD[live_BS], _gather(first_BTD, idx_BS)[live_BS],
             _gather(batch.final_BTD, tgt_idx)[live_BS].to(dtype),
             _gather(batch.mid_BTD, tgt_idx)[live_BS].to(dtype),
-            batch.mid_valid_BT.gather(1, tgt_idx)[live_BS], corr.k_BS[live_BS]))
+            batch.mid_valid_BT.gather(1, tgt_idx)[live_BS], k_BS[live_BS]))
     return out

@@ -1,5 +1,6 @@
-"""The trained drafter family on the engine - Medusa heads, and the prefix (MSD-style) and
-compressed (ViSpec-style) visual contexts of the feature drafter: greedy output is token-identical
+"""The trained drafter family on the engine - Medusa heads, the prefix (MSD-style) and compressed
+(ViSpec-style) visual contexts of the feature drafter, and FOVEA feeding back its corrected state
+(`feedback: corrected`): greedy output is token-identical
 to HF `generate` on the tiny world's six tasks, alone and batched, with drafts accepted; a compressed
 drafter's cache mask matches a fresh prefill's."""
 
@@ -16,7 +17,7 @@ from tests.spec_core.decoding.test_greedy import check_caches_against_fresh_pref
 
 MAX_NEW = 40
 TREE = TreeConfig(width=8, depth=3, budget=30)  # MMSpec Table 6: depth 3, top-k 8, 30 tokens
-pytestmark = pytest.mark.slow  # three drafters trained first
+pytestmark = pytest.mark.slow  # four drafters trained first
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,7 @@ def family(tiny_world, tmp_path_factory):
     trained = {
         "prefix": train_drafter(adapter, data, 60, visual_correction=False, visual_context="prefix"),
         "compressed": train_drafter(adapter, data, 60, visual_correction=False, visual_context="compressed"),
+        "feedback": train_drafter(adapter, data, 60, feedback="corrected"),  # the corrected state fed back
         "medusa": fit(MedusaHeads.from_target(adapter), medusa_loss, data, 60),
     }
     out = {}
@@ -38,7 +40,7 @@ def family(tiny_world, tmp_path_factory):
 
 
 
-@pytest.mark.parametrize("name", ["prefix", "compressed", "medusa"])
+@pytest.mark.parametrize("name", ["prefix", "compressed", "feedback", "medusa"])
 def test_greedy_equals_hf_generate_on_six_tasks_alone_and_batched(tiny_world, family, hf_refs, name, policy):
     adapter, processor, _, evals, _ = tiny_world
     tree = dataclasses.replace(TREE, policy=policy)

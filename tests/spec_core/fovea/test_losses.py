@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from spec_core.fovea import LossConfig, drafter_loss
@@ -62,7 +63,7 @@ def test_drafter_loss_combines_the_terms_as_eq_19(llava_adapter):
         zd, zt = drafter.logits(s.draft_ND), drafter.logits(s.target_ND)
         y = zt.argmax(-1)
         for n in range(len(y)):
-            hf = ((s.draft_ND[n] - s.target_ND[n]) ** 2).sum() / 32
+            hf = ((s.raw_ND[n] - s.target_ND[n]) ** 2).sum() / 32  # the default: h before correction
             hm = ((s.draft_mid_ND[n] - s.target_mid_ND[n]) ** 2).sum() / 32
             pt, ld = torch.softmax(zt[n], -1), torch.log_softmax(zd[n], -1)
             kl = (pt * (pt.log() - ld)).sum()
@@ -86,3 +87,21 @@ def test_reduce_fn_divides_by_the_rank_mean_normaliser(llava_adapter):
     alone = drafter_loss(drafter, batch)
     shared = drafter_loss(drafter, batch, reduce_fn=lambda z: 2.0 * z)  # the other rank has 3x Z
     torch.testing.assert_close(shared.loss, alone.loss / 2.0)
+
+
+def test_hidden_alignment_reads_the_state_the_config_names(llava_adapter):
+    drafter = drafter_for(llava_adapter, correction_depth=1)
+    batch = synthetic_batch(32)
+    steps = unroll(drafter, batch, 3)
+    z = sum(math.exp(-(s.step - 1)) * len(s.draft_ND) for s in steps)
+
+    def by_hand(state_of):
+        return sum(math.exp(-(s.step - 1)) * float(hidden_mse(state_of(s), s.target_ND).sum()) for s in steps) / z
+
+    corrected, raw = by_hand(lambda s: s.draft_ND), by_hand(lambda s: s.raw_ND)
+    assert abs(corrected - raw) > 1e-3  # the correction moves the shallow states
+    for mode, expect in (("corrected", corrected), ("uncorrected", raw), ("both", 0.5 * (corrected + raw))):
+        out = drafter_loss(drafter, batch, LossConfig(hidden_state=mode), depth=3)
+        assert math.isclose(float(out.terms["hid_final"]), expect, rel_tol=1e-4)
+    with pytest.raises(ValueError, match="hidden_state"):
+        LossConfig(hidden_state="h_hat")
