@@ -64,6 +64,11 @@ class VisualCorrection(nn.Module):
 
     def readout(self, h_BSD: torch.Tensor, depth_BS: torch.Tensor, mem: VisualMemory):
         """Eq. 4-7 -> (r_BSD, k_BS)."""
+        _, weights_BSP, k_BS = self.attend(h_BSD, depth_BS, mem)
+        return torch.einsum("bsp,bpd->bsd", weights_BSP.to(mem.values_BPD.dtype), mem.values_BPD), k_BS
+
+    def attend(self, h_BSD: torch.Tensor, depth_BS: torch.Tensor, mem: VisualMemory):
+        """Eq. 4-7's scores and retrieval -> (scores_BSP, weights_BSP, k_BS): what each state reads."""
         q = self.query_norm(h_BSD)
         if self.depth is not None:
             q = q + self.depth(depth_BS.clamp(0, self.cfg.max_depth))
@@ -73,7 +78,7 @@ class VisualCorrection(nn.Module):
         c = self.cfg
         weights_BSP, k_BS = retrieval_weights(scores_BSP, valid_BSP, c.retrieval, rho=c.rho,
                                               k_min=c.k_min, k_max=c.k_max, k_fixed=c.k_fixed)
-        return torch.einsum("bsp,bpd->bsd", weights_BSP.to(mem.values_BPD.dtype), mem.values_BPD), k_BS
+        return scores_BSP, weights_BSP, k_BS
 
     def forward(self, h_BSD: torch.Tensor, depth_BS: torch.Tensor, mem: VisualMemory,
                 correction_depth: int | None = None) -> Correction:

@@ -39,6 +39,8 @@ class StepStates:
     target_mid_ND: torch.Tensor
     mid_valid_N: torch.Tensor
     k_N: torch.Tensor         # memory entries read (0 where not corrected)
+    row_N: torch.Tensor       # the state's sample in the batch
+    pos_N: torch.Tensor       # its index t (it scores the token at t + step + 1)
 
 
 def _shift(x_BT: torch.Tensor, k: int, fill=0) -> torch.Tensor:
@@ -105,5 +107,6 @@ def unroll(drafter: FoveaDrafter, batch: DraftBatch, depth: int) -> list[StepSta
             k, hat_BSD[live_BS], raw_BSD[live_BS], _gather(first_BTD, idx_BS)[live_BS],
             _gather(batch.final_BTD, tgt_idx)[live_BS].to(dtype),
             _gather(batch.mid_BTD, tgt_idx)[live_BS].to(dtype),
-            batch.mid_valid_BT.gather(1, tgt_idx)[live_BS], k_BS[live_BS]))
+            batch.mid_valid_BT.gather(1, tgt_idx)[live_BS], k_BS[live_BS],
+            torch.arange(B, device=dev)[:, None].expand(B, S)[live_BS], idx_BS[live_BS]))
     return out
