@@ -46,6 +46,12 @@ from spec_core.decoding.cost_curve import BandCurve
 _BUCKETS = 10          # confidence buckets [0, .1), ..., [.9, 1]
 _PRIOR_WEIGHT = 4.0    # pseudo-observations behind each bucket's prior
 _LOG_EDGES = np.log(np.arange(1, _BUCKETS) / _BUCKETS)  # a log-probability's bucket edges (the top bucket holds 0)
+# AR steps in a row of an AR probe; AR's seconds are measured on an AR step after an AR step only.
+# The first AR step after tree steps runs slower than a run of AR steps does (measured on 2 cores,
+# Token Recycling at batch 4: 5.5 against 5.05-5.2 ms, the engine's own AR 5.0 ms; other shapes in
+# the matmuls and the cache just before): measured on it, AR looked 10-15% dearer than it runs,
+# and at batch 8 the plan drafted one node per step, 4-5% slower than AR.
+_AR_PROBE_STEPS = 2
 
 
 def _host(x) -> np.ndarray:
@@ -115,6 +121,7 @@ class CostModel(LineFit):
     commit_tree: float = -1.0      # seconds to commit a step that verified nodes (EMA); < 0: not yet
     commit_ar: float = -1.0        # ... and an AR step
     draft_fit: LineFit = field(default_factory=LineFit)  # seconds per depth vs expanded rows
+    nodes_fit: LineFit = field(default_factory=LineFit)  # a proposer's whole draft: seconds vs nodes per slot
     overhead: float = -1.0         # seconds of a step outside drafting, verifying and the commit extra (EMA); < 0: not yet
     ar: dict[int, float] = field(default_factory=dict)    # rows -> seconds of a verify without nodes (EMA)
     curve: BandCurve | None = None  # a monotone curve per token band (cost_curve); None: the line alone
@@ -165,6 +172,20 @@ class CostModel(LineFit):
             self.draft_per_depth = _ema(self.draft_per_depth or None, per, alpha)
             if rows > 0:
                 self.draft_fit.observe(rows, per)
+
+    def observe_proposer_draft(self, nodes: int, seconds: float) -> None:
+        """A training-free proposer's whole draft (the policy's choice over it included) that built
+        `nodes` nodes per slot."""
+        self.nodes_fit.observe(nodes, seconds)
+
+    def proposer_draft_s(self, nodes: int | np.ndarray) -> float | np.ndarray:
+        """Seconds of a proposer's draft bounded at `nodes` nodes per slot: the fit once the drafted
+        sizes have varied, else the mean of whole drafts. An ordinary step's draft is bounded at the
+        nodes its plan verifies, explorations and probes draft up to the budget and learn from all of
+        it: their mean is no ordinary step's price (measured on 2 cores, Token Recycling at batch 4:
+        0.24-0.29 ms for an ordinary draft of 1-8 nodes, 0.9 ms the mean that kept AR where one
+        node per step ran 6% faster)."""
+        return self.nodes_fit.at(nodes) if self.nodes_fit.varied else self.draft_step
 
     def draft_depth_s(self, rows: int | np.ndarray) -> float | np.ndarray:
         """Seconds of one drafting depth expanding `rows` rows: the fit once the widths have varied,
@@ -474,16 +495,22 @@ class GoodputPolicy:
     ordinary steps). Where no draft pays (plan says 0), a full-depth probe still runs after a pause
     that doubles up to `max_pause` steps, or longer where one probe costs more than
     `probe_share` of that many AR steps (a full tree at batch 16 costs several AR steps: probing
-    every 64 steps cost a training-free proposer 10% against AR where its drafts never paid).
-    Where drafts pay, an AR step still comes after `ar_probe_every` drafting steps or more, so
-    that AR's seconds are measured on ordinary AR steps rather than read off the trees' line: the
-    gap grows until what a probe loses to the plan is `ar_probe_share` of the steps between
-    (`_ar_gap`). A plan is reused for `replan_every` steps while the active slots stay the same;
-    every learning step plans again.
+    every 64 steps cost a training-free proposer 10% against AR where its drafts never paid). A
+    probe verifies as the full exploration does (no more nodes than could pay): choosing its nodes
+    by the plan that said AR would verify none, and a proposer, whose acceptance is learnt from
+    verified nodes only, would stay on the estimate of its first explorations (measured at batch 4:
+    Token Recycling's first node at 1 accepted in 11 kept AR for a whole run where one node per
+    step ran 6% faster). Where drafts pay, an AR probe (`_AR_PROBE_STEPS` AR steps in a row, AR
+    measured on the second) still comes after `ar_probe_every` drafting steps or more, so that
+    AR's seconds are measured on ordinary AR steps rather than read off the trees' line: the gap
+    grows until what a probe loses to the plan is `ar_probe_share` of the steps between (`_ar_gap`).
+    A plan is reused for `replan_every` steps while the active slots stay the same; every learning
+    step plans again.
 
     `depth_scaled=False` (training-free proposers): a draft costs what it costs whatever the depth
     planned - a proposer builds its whole tree (Token Recycling's template, a PLD chain) - so the
-    plan is all or nothing: the full depth at the measured seconds of a whole draft, or AR; its
+    plan is all or nothing: the full depth at the measured seconds of a draft bounded at the N it
+    verifies (`CostModel.proposer_draft_s`, a line in N: explorations draft their own N), or AR; its
     acceptance is learnt per node index (AcceptanceModel) from every drafted step. (Planning
     a shallow draft at a depth's share of a proposer's cost chose to draft where it did not pay.)
     An ordinary step bounds the proposer's draft at the N it planned (`draft_nodes`): measured on
@@ -547,10 +574,12 @@ class GoodputPolicy:
         self.widths: list[int] = []            # planned draft width per drafting step (width planned)
         self.predicted, self.accepted = 0.0, 0.0  # summed over verified real nodes (calibration)
         self._step = None  # the chosen tree's keys for observe (`choose`)
+        self._drafted_nodes = 0  # nodes per slot the step's draft built (`choose`; 0 where it built none)
         self._plans, self._seconds = 0, (None, None)  # plans weighed so far; their seconds (_plan_seconds)
         # drafting steps planned back to back take one AR step in `ar_probe_every` or more (`_ar_gap`): AR's seconds
         # stay measured on ordinary AR steps (`CostModel.ar_s`), not only after an exploration's draft
-        self.ar_probe_every, self._since_ar = ar_probe_every, 0
+        self.ar_probe_every, self._since_ar, self._ar_left = ar_probe_every, 0, 0  # (AR steps left of a probe)
+        self._prev_ar = False  # whether the last step verified no node (`observe`)
         self.ar_probe_share, self._ar_probe_loss = ar_probe_share, 0.0  # (seconds a probe loses to the plan)
 
     @property
@@ -578,12 +607,15 @@ class GoodputPolicy:
         # doubling pause decides when to look again
         self.draft_width, self._probe, self._class = self.width, False, len(self.classes) - 1
         self.draft_nodes = None  # a proposer's draft bound (None: the whole budget)
+        self._drafted_nodes = 0  # nodes per slot this step drafted (set by `choose`)
         if not self.cost.ready or not self.curves[-1].knows(self.depth) or (
                 k is not None and (self.steps < self._initial or self.idle == 0)):
             d = self.depth
             if k is not None:  # an exploration at its width class
-                self._class = self.explore[k % len(self.explore)][1]
+                n_explore, self._class = self.explore[k % len(self.explore)]
                 self.draft_width = self.classes[self._class]
+                if not self.depth_scaled:  # a proposer drafts what the entry verifies (one node for none):
+                    self.draft_nodes = max(n_explore, 1)  # its draft seconds are measured at several sizes
         else:
             last = self._planned
             if last is not None and last[0] == (n_active, rows) and (
@@ -592,11 +624,13 @@ class GoodputPolicy:
             else:               # AR until the values move (the next probe's drafts move the fit again), a
                 d, n = self._best_plan(n_active, rows)  # draft for replan_every steps
                 self._planned = ((n_active, rows), self.steps, (d, n))
-            if d > 0 and self._since_ar >= self._ar_gap():  # what does an AR step cost now?
+            planned_ar = d == 0
+            if d > 0 and (self._ar_left or self._since_ar >= self._ar_gap()):  # what does an AR step cost now?
+                self._ar_left = self._ar_left - 1 if self._ar_left else _AR_PROBE_STEPS - 1
                 d, n = 0, 0
             self._since_ar = self._since_ar + 1 if d > 0 else 0
-            self.idle = self.idle + 1 if d == 0 else 0
-            if d == 0 and self.idle > self.pause:  # probe: do drafts pay again?
+            self.idle = self.idle + 1 if planned_ar else 0
+            if planned_ar and self.idle > self.pause:  # probe: do drafts pay again?
                 d, self.idle, self.pause = self.depth, 0, min(2 * self.pause, self.pause_limit(rows))
                 self._probe = True
             elif d > 0:
@@ -629,7 +663,7 @@ class GoodputPolicy:
         probe cost `probe_share` of them."""
         ar = self.cost.ar_s(rows)
         draft = (self.depth * self.cost.draft_depth_s(rows * (self.width or 1)) if self.depth_scaled
-                 else self.cost.draft_step)
+                 else self.cost.proposer_draft_s(self.budget))
         probe = draft + self.cost.commit_extra() + self.cost.verify_s(rows * (1 + self.budget))
         if ar <= 0:
             return self.max_pause
@@ -657,8 +691,8 @@ class GoodputPolicy:
             if self.depth_scaled:
                 per_depth_N = self.cost.draft_depth_s(rows * w_N)  # an array (the fit) or a float (the mean)
                 draft_DN = d_D1 * per_depth_N
-            else:  # the whole draft or none: the deepest curve at a whole draft's seconds
-                V_DN, draft_DN = V_DN[-1:], self.cost.draft_step
+            else:  # the whole draft or none: the deepest curve at the seconds of a draft of N nodes
+                V_DN, draft_DN = V_DN[-1:], self.cost.proposer_draft_s(n_N)
             rate_CDN.append(np.where(V_DN < 0, -math.inf,
                                      n_active * (1 + V_DN) / np.maximum(draft_DN + fixed + verify_N, 1e-300)))
         rate_CDN = np.stack(rate_CDN)
@@ -666,7 +700,7 @@ class GoodputPolicy:
         best = float(rate_CDN.flat[k])
         self.rate = max(best, ar_rate) / max(n_active, 1)  # per active slot
         self._plans += 1
-        self._ar_probe_loss = t_ar * (1 - ar_rate / best) if best > ar_rate else 0.0
+        self._ar_probe_loss = _AR_PROBE_STEPS * t_ar * (1 - ar_rate / best) if best > ar_rate else 0.0
         self._plan_class, k = divmod(k, rate_CDN.shape[1] * self.budget)
         if not best > ar_rate:
             return 0, 0
@@ -689,6 +723,7 @@ class GoodputPolicy:
             narrowed = self.draft_nodes  # a proposer's bounded draft: its first nodes only
         k = self._exploring()
         self._drafted += 1
+        self._drafted_nodes = tree.size  # per slot, for a proposer's draft seconds (observe)
         # learning from every tree made the policy ~5% of a batch-2 run on a CPU: every explored or
         # probing tree teaches, and one ordinary tree in learn_every (with the same memory in steps)
         learn = (k is not None or self._probe or not self.curves[-1].knows(self.depth)
@@ -701,7 +736,9 @@ class GoodputPolicy:
             else:
                 self.curves[self._class].learn(p_BN, depth_BN, active, drafted, narrowed, self.learn_every)
             self._planned = None  # the values moved: the plan is weighed again
-        if k is not None or not self.cost.ready:
+        # a probe verifies as the full exploration (by the AR plan it would verify no node, and a
+        # proposer's acceptance would never be taught again)
+        if k is not None or self._probe or not self.cost.ready:
             n = min(self.explore[(k or 0) % len(self.explore)][0], tree.size)
             if self.cost.varied:  # no more nodes than could pay were every one accepted
                 n = min(n, could_pay(depth_BN, real_BN, active, step_seconds(self.cost, rows, n)))
@@ -741,9 +778,12 @@ class GoodputPolicy:
         if draft_depth == 0:
             self.chosen.append(0)
         self.cost.observe(rows * (1 + tree.size), verify_s)
-        if tree.size == 0:
+        if tree.size == 0 and self._prev_ar:  # AR's seconds in a run of AR steps (`_AR_PROBE_STEPS`)
             self.cost.observe_ar(rows, verify_s)
+        self._prev_ar = tree.size == 0
         self.cost.observe_draft(draft_depth, draft_s, rows * draft_width)
+        if draft_depth and not self.depth_scaled:
+            self.cost.observe_proposer_draft(self._drafted_nodes, draft_s)
         # a proposer's acceptance per node index rests on few nodes: it counts every drafted step
         # (a drafter's, keyed by confidence, one in learn_every as its values)
         step, self._step = self._step, None

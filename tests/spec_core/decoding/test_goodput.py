@@ -241,7 +241,7 @@ def test_a_proposer_drafts_its_whole_tree_or_none_at_its_measured_cost():
     cheap = proposer_policy(0.001)  # ... and is drafted only as large as the plan may verify
     assert cheap.plan(1, 1) == 3 and cheap.draft_nodes == cheap._best_plan(1, 1)[1] >= 1
     fresh = GoodputPolicy(budget=3, depth=3, depth_scaled=False)
-    assert fresh.plan(1, 1) == 3 and fresh.draft_nodes is None  # an exploration drafts the budget
+    assert fresh.plan(1, 1) == 3 and fresh.draft_nodes == 3  # the first exploration drafts the budget
     costly = proposer_policy(0.012)
     assert costly.cost.draft_step == pytest.approx(0.012)
     # a depth's share of the draft (0.004 s) would pay at depth 1: (1 + 0.5) / (0.004 + 0.0102 s)
@@ -250,6 +250,63 @@ def test_a_proposer_drafts_its_whole_tree_or_none_at_its_measured_cost():
     assert max((1 + costly.value[3][n]) / (0.012 + costly.cost.verify_s(1 + n)) for n in (1, 2, 3)) < ar_rate
     assert costly.plan(1, 1) == 0
     assert {proposer_policy(0.008).plan(1, 1) for _ in range(5)} <= {0, 3}
+
+
+def _chain(n: int):
+    from spec_core.decoding.tree import DraftTree, ancestor_mask
+
+    parent = torch.arange(n)[None]  # node i's parent is node i - 1 (0: the root)
+    return DraftTree(torch.zeros(1, n, dtype=torch.long), parent, torch.arange(1, n + 1)[None],
+                     ancestor_mask(parent, n), None)
+
+
+def test_a_probe_verifies_what_could_pay_and_teaches_a_proposers_acceptance():
+    """Where AR is planned, a probe drafts the whole tree and verifies as the full exploration
+    does (no more nodes than could pay), not the none its AR plan would choose: a proposer learns
+    its acceptance from verified nodes only, so a first estimate that said AR would never move."""
+    pol = GoodputPolicy(budget=4, depth=4, depth_scaled=False)
+    pol.cost = _cost(0.01, 0.0001)
+    pol.acceptance.depth_acc[:] = 0.0  # every node looked hopeless so far
+    pol.cost.observe_draft(4, 0.001)
+    for _ in range(len(pol.explore)):
+        pol.plan(1, 1)
+        pol.choose(_chain(4), torch.tensor([True]), 1)
+        pol.steps += 1
+    assert pol._best_plan(1, 1) == (0, 0)
+    seen = pol.acceptance.node_seen.copy()
+    for _ in range(200):
+        if pol.plan(1, 1):
+            break
+    assert pol._probe and pol.draft_nodes is None  # a probe drafts the budget
+    chosen = pol.choose(_chain(4), torch.tensor([True]), 1)
+    assert chosen.size == 4  # a chain of 4 at verify(5) < 5 verify(1) could pay: all of it
+    pol.observe(chosen, 1, 0.011, 0.001, 4, torch.tensor([[1, 2, 3, 4]]), torch.tensor([4]), torch.tensor([True]))
+    assert (pol.acceptance.node_seen - seen).tolist() == [1, 1, 1, 1]
+    assert pol.acceptance.node_acc.tolist() == [1, 1, 1, 1]
+
+
+def test_a_proposers_draft_seconds_are_a_line_in_the_nodes_it_drafts():
+    """Explorations bound a proposer's draft at the nodes they verify (one where they verify none),
+    every draft is measured at the nodes it built, and the plan weighs N nodes at the line's value
+    at N: a whole 80-node draft's 1 ms is no price of a 1-node draft's 0.1 ms (measured on 2 cores,
+    that mean kept Token Recycling on AR at batch 4 where one node per step ran 6% faster)."""
+    pol = GoodputPolicy(budget=8, depth=8, depth_scaled=False)
+    assert [e[0] for e in pol.explore] == [8, 0, 4, 2]
+    bounds = []
+    for _ in range(4):
+        pol.plan(1, 1)
+        bounds.append(pol.draft_nodes)
+        tree = pol.choose(_chain(pol.draft_nodes), torch.tensor([True]), 1)
+        n = tree.size
+        pol.observe(tree, 1, 0.01 + 0.001 * n, 0.0001 + 0.0001 * pol.draft_nodes, 8,
+                    torch.tensor([list(range(1, n + 1))]) if n else torch.zeros(1, 0, dtype=torch.long),
+                    torch.tensor([n]), torch.tensor([True]))
+    assert bounds == [8, 1, 4, 2]
+    assert pol.cost.proposer_draft_s(np.array([1.0, 8.0])) == pytest.approx([0.0002, 0.0009])
+    assert pol.cost.proposer_draft_s(1) < pol.cost.draft_step  # the mean of all drafts: 0.00045 s
+    fresh = CostModel()
+    fresh.observe_draft(3, 0.002)
+    assert fresh.proposer_draft_s(5) == 0.002  # sizes not varied yet: the mean of whole drafts
 
 
 def test_could_pay_is_the_most_nodes_whose_step_beats_ar_were_every_node_accepted():
@@ -564,16 +621,17 @@ def test_the_first_trees_of_a_curve_are_averaged_then_forgotten_at_the_learning_
     assert pol.value[1][1] != pytest.approx(float(np.mean(p_K[[int(c * 10) for c in confs]])))
 
 
-def test_drafting_back_to_back_takes_one_ar_step_in_ar_probe_every():
+def test_drafting_back_to_back_takes_an_ar_probe_in_ar_probe_every():
     """A plan that drafts every step would never see an ordinary AR step: AR's seconds would rest on
     the trees' line and on the AR-shaped verifies after an exploration's draft (measured on a CPU,
     Token Recycling at batch 4: 5.48 ms, where ordinary AR steps measured 5.02 and the plan drafted
-    at 0.94x AR). So one step in `ar_probe_every + 1` is AR - never two in a row, none while
-    exploring - and the engine's observe of that step is an AR measurement (`CostModel.ar_s`)."""
+    at 0.94x AR). So after `ar_probe_every` drafting steps come two AR steps - none while
+    exploring - and only the second, an AR step after an AR step, is an AR measurement
+    (`CostModel.ar_s`): the first after tree steps runs slower too (5.5 against 5.05-5.2 ms)."""
     pol = _trained_policy(0.01, 0.0001, per_depth=0.0001)
     pol.ar_probe_every = 8
     plans = [pol.plan(1, 1) for _ in range(45)]
-    assert [i for i, d in enumerate(plans) if d == 0] == [8, 17, 26, 35, 44]
+    assert [i for i, d in enumerate(plans) if d == 0] == [8, 9, 18, 19, 28, 29, 38, 39]
     pol = _trained_policy(0.01, 0.0001, per_depth=0.0001)
     pol.ar_probe_every = 10**9  # no probes: the plan drafts every step
     assert 0 not in [pol.plan(1, 1) for _ in range(45)]
@@ -581,19 +639,32 @@ def test_drafting_back_to_back_takes_one_ar_step_in_ar_probe_every():
     assert 0 not in [pol.plan(1, 1) for _ in range(3)] and pol._since_ar == 0
 
 
+def test_ar_seconds_are_measured_on_an_ar_step_after_an_ar_step():
+    from spec_core.decoding.tree import empty_tree
+
+    pol = GoodputPolicy(budget=3, depth=3, depth_scaled=False)
+    none, empty = empty_tree(1, "cpu"), torch.zeros(1, 0, dtype=torch.long)
+    args = (empty, torch.tensor([0]), torch.tensor([True]))
+    pol.observe(_chain(3), 1, 0.020, 0.001, 3, torch.tensor([[1, 2, 3]]), torch.tensor([3]), torch.tensor([True]))
+    pol.observe(none, 1, 0.012, 0.0, 0, *args)  # right after a tree: not AR's price
+    assert pol.cost.ar == {}
+    pol.observe(none, 1, 0.010, 0.0, 0, *args)
+    assert pol.cost.ar == {1: pytest.approx(0.010)}
+
+
 def test_ar_probes_are_further_apart_the_more_a_probe_loses_to_the_plan():
-    """A probe's AR step loses its seconds x (1 - AR's rate / the plan's) against the plan: the gap
-    between probes makes that `ar_probe_share` of the ordinary steps between, never under
+    """A probe's AR steps lose their seconds x (1 - AR's rate / the plan's) against the plan: the
+    gap between probes makes that `ar_probe_share` of the ordinary steps between, never under
     `ar_probe_every`."""
     pol = _trained_policy(0.01, 0.0001, per_depth=0.0001)
     pol.ar_probe_every, pol.step_s = 8, 0.012
     assert pol.plan(1, 1) > 0
     t_ar = pol.cost.ar_s(1)
-    loss = t_ar * (1 - (1 / t_ar) / pol.rate)  # n_active = 1: the rate is the plan's
+    loss = 2 * t_ar * (1 - (1 / t_ar) / pol.rate)  # two AR steps; n_active = 1: the rate is the plan's
     gap = math.ceil(loss / (pol.ar_probe_share * pol.step_s))
     assert gap > 8
-    plans = [pol.plan(1, 1) for _ in range(2 * gap + 2)]
-    assert [i for i, d in enumerate(plans) if d == 0] == [gap - 1, 2 * gap]
+    plans = [pol.plan(1, 1) for _ in range(2 * gap + 4)]
+    assert [i for i, d in enumerate(plans) if d == 0] == [gap - 1, gap, 2 * gap + 1, 2 * gap + 2]
     pol.ar_probe_share = 1.0  # a probe loses little next to the steps between: every ar_probe_every
     assert pol._ar_gap() == 8
 
