@@ -576,8 +576,8 @@ class GoodputPolicy:
         self._step = None  # the chosen tree's keys for observe (`choose`)
         self._drafted_nodes = 0  # nodes per slot the step's draft built (`choose`; 0 where it built none)
         self._plans, self._seconds = 0, (None, None)  # plans weighed so far; their seconds (_plan_seconds)
-        # drafting steps planned back to back take one AR step in `ar_probe_every` or more (`_ar_gap`): AR's seconds
-        # stay measured on ordinary AR steps (`CostModel.ar_s`), not only after an exploration's draft
+        # drafting steps planned back to back take an AR probe (`_AR_PROBE_STEPS` AR steps) in `ar_probe_every`
+        # or more (`_ar_gap`): AR's seconds stay measured on ordinary AR steps (`CostModel.ar_s`)
         self.ar_probe_every, self._since_ar, self._ar_left = ar_probe_every, 0, 0  # (AR steps left of a probe)
         self._prev_ar = False  # whether the last step verified no node (`observe`)
         self.ar_probe_share, self._ar_probe_loss = ar_probe_share, 0.0  # (seconds a probe loses to the plan)
