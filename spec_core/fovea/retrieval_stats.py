@@ -15,6 +15,7 @@ import torch
 
 from spec_core.fovea.data import DraftBatch
 from spec_core.fovea.drafter import FoveaDrafter
+from spec_core.fovea.retrieval import dense_weights
 from spec_core.fovea.unroll import unroll
 
 
@@ -48,7 +49,7 @@ def retrieval_by_depth(drafter: FoveaDrafter, batch: DraftBatch, depth: int | No
             sel = (s.row_N == b).nonzero()[:, 0]
             h_1SD = s.raw_ND[sel][None]
             scores, weights, k = corr.attend(h_1SD, torch.full(h_1SD.shape[:2], level), mem.index([b]))
-            dense = torch.softmax(scores.masked_fill(~mem.valid_BP[b], float("-inf")), -1)
+            dense, _ = dense_weights(scores, mem.valid_BP[b].expand_as(scores))
             parts.append((sel, k[0], weights[0], dense[0]))
         sel = torch.cat([p[0] for p in parts])
         order = torch.argsort(sel)
