@@ -235,6 +235,7 @@ class AcceptanceModel:
         self.node_acc = np.zeros(max_nodes)  # per node index (no prior: the depth's)
         self.node_seen = np.zeros(max_nodes)
         self._by_key: dict[bool, np.ndarray] = {}  # P(accepted) per bucket (True) / depth (False), until observed
+        self._col_cache: dict[int, np.ndarray] = {}  # _cols per column count
 
     def bucket_p(self) -> np.ndarray:
         """(buckets,) P(accepted) per confidence bucket, non-decreasing in confidence (as `predict`
@@ -251,8 +252,12 @@ class AcceptanceModel:
             p_D = self._by_key[False] = self.depth_acc / self.depth_seen
         return p_D
 
-    def _index(self, shape: tuple[int, int]) -> np.ndarray:
-        return np.broadcast_to(np.minimum(np.arange(shape[1]), len(self.node_seen) - 1), shape)
+    def _cols(self, n: int) -> np.ndarray:
+        """(n,) the node index of each of n columns (the last index holds every later node), cached."""
+        c_N = self._col_cache.get(n)
+        if c_N is None:
+            c_N = self._col_cache[n] = np.minimum(np.arange(n), len(self.node_seen) - 1)
+        return c_N
 
     def keys(self, score_BN: np.ndarray | None, depth_BN: np.ndarray) -> np.ndarray:
         """(B, N) each node's key (host arrays in): its confidence bucket where the nodes are scored,
@@ -275,8 +280,8 @@ class AcceptanceModel:
         if not p_BN.size:
             return p_BN
         if not scored and len(self.node_seen):  # by index, from the depth's
-            i_BN = self._index(p_BN.shape)
-            return (self.node_acc[i_BN] + _PRIOR_WEIGHT * p_BN) / (self.node_seen[i_BN] + _PRIOR_WEIGHT)
+            i_N = self._cols(p_BN.shape[1])
+            return (self.node_acc[i_N] + _PRIOR_WEIGHT * p_BN) / (self.node_seen[i_N] + _PRIOR_WEIGHT)
         return np.minimum.accumulate(p_BN, axis=1)
 
     def observe(self, score_BN: torch.Tensor | np.ndarray | None, depth_BN: torch.Tensor | np.ndarray,
@@ -293,10 +298,10 @@ class AcceptanceModel:
         self._by_key.clear()
         seen += np.bincount(keys, minlength=len(seen))
         acc += np.bincount(keys, weights=hit, minlength=len(acc))
-        if not scored and len(self.node_seen) and real_BN.size:
-            i = self._index(real_BN.shape)[real_BN]
-            self.node_seen += np.bincount(i, minlength=len(self.node_seen))
-            self.node_acc += np.bincount(i, weights=hit, minlength=len(self.node_acc))
+        if not scored and len(self.node_seen) and real_BN.size:  # per column, then per node index
+            i_N = self._cols(real_BN.shape[1])
+            self.node_seen += np.bincount(i_N, weights=real_BN.sum(0), minlength=len(self.node_seen))
+            self.node_acc += np.bincount(i_N, weights=(hit_BN * real_BN).sum(0), minlength=len(self.node_acc))
 
 
 def step_seconds(cost: CostModel, rows: int, n_max: int, draft_s: float = 0.0) -> np.ndarray:

@@ -123,8 +123,8 @@ class TokenRecycling:
         self.adj_VK[uniq_U.to(self.adj_VK.device)] = top_TK[last_U].to(self.adj_VK.device)
 
     def learn_rows(self, tokens: list[int], top_TK: torch.Tensor) -> None:
-        """`learn` for host token ids (an AR step: each slot's last token): the repeats resolved
-        on the host (the last wins), one row write."""
+        """`learn` for host token ids (the engine's verified positions, read from its host
+        transfer): the repeats resolved on the host (the last wins), one row write."""
         last = {t: i for i, t in enumerate(tokens)}
         rows = top_TK if len(last) == len(tokens) else top_TK[list(last.values())]
         self.adj_VK[torch.tensor(list(last), device=self.adj_VK.device)] = rows.to(self.adj_VK.device)

@@ -77,3 +77,43 @@ def test_sampling_with_a_proposer_is_reproducible(tiny_world):
         outs.append({r.key: r.sequences[0].tolist() for r in engine.generate(
             Request(prompt_inputs(processor, s), 24, s["id"]) for s in evals[:4])})
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("policy_name", ["fixed", "goodput"])
+def test_recycling_learns_every_verified_position_of_every_slot(tiny_world, policy_name):
+    """After every step, the engine's Token Recycling matrix equals the oracle's: per step, each
+    active slot in slot order writing the target's top-k at its root and its real (not padded) tree
+    nodes (`TokenRecycling.update`), AR steps included; with the goodput policy's truncated trees too.
+    The matrix starts with random rows, half of them unknown, so that the slots' trees know
+    different numbers of nodes and the full template's are padded."""
+    adapter, processor, _, evals, _ = tiny_world
+    vocab = adapter.model.config.text_config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    start = torch.randint(0, vocab, (vocab, 8), generator=g)
+    start[torch.rand(vocab, generator=g) < 0.5] = -1
+    shared = start.clone()
+    engine = DecodeEngine(adapter, batch_size=3, capacity=512, tree=TreeConfig(budget=80, policy=policy_name),
+                          eos_token_ids=(), proposer=lambda: TokenRecycling(vocab, adj_VK=shared))
+    verify, steps, pads = engine._verify, [], 0
+
+    def recording(tree):
+        nonlocal pads
+        hidden_BMD, logits_BMV = verify(tree)
+        real_BN = tree.parent_BN != torch.arange(1, tree.size + 1)
+        pads += sum(int((~real_BN[b]).sum()) for b, slot in enumerate(engine.slots) if slot is not None)
+        rows = [(torch.cat([torch.tensor([slot.tokens[-1]]), tree.tokens_BN[b][real_BN[b]]]),
+                 torch.cat([logits_BMV[b, :1], logits_BMV[b, 1:][real_BN[b]]]))
+                for b, slot in enumerate(engine.slots) if slot is not None]
+        steps.append((shared.clone(), rows))  # the matrix before this step's writes
+        return hidden_BMD, logits_BMV
+
+    engine._verify = recording
+    list(engine.generate(Request(prompt_inputs(processor, s), 24 + 8 * (i % 3), s["id"]) for i, s in enumerate(evals[::3])))
+    steps.append((shared.clone(), []))
+    assert any(len(t) > 1 for _, rows in steps for t, _ in rows)  # trees were verified, not only AR steps
+    assert pads or policy_name == "goodput"  # padded ones (the policy's truncated trees may hold none)
+    oracle = TokenRecycling(vocab, adj_VK=start)
+    for before, rows in steps:
+        assert torch.equal(before, oracle.adj_VK)
+        for tokens_T, logits_TV in rows:
+            oracle.update(tokens_T, logits_TV)
