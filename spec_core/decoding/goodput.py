@@ -522,11 +522,18 @@ class GoodputPolicy:
     2 cores, Token Recycling building its whole 80-node template per slot every step to keep ~6
     nodes cost 7.5% of the wall time at batch 2."""
 
-    def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.1,
+    def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.03,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
                  explore_share: float = 0.02, learn_every: int = 4, band_curve: bool = False,
                  ar_probe_every: int = 64, replan_every: int = 4, ar_probe_share: float = 0.0025,
                  explore_rows: int = 6):
+        # alpha: the value curves' forgetting per step (`_Curves.learn`). At 0.1 a curve rested on the
+        # last ~10 steps' trees (at batch 2, ~20 slot-trees; a deep curve, taught by explorations
+        # alone, on the last two or three of them) and the plan, an argmax over ~1,000 (class, depth,
+        # nodes), chose whichever estimate was high by chance. Measured on 2 cores, 3 policies per
+        # arm, paired against the fixed CPU tree (2026-12-06): 0.03 ran +3.2% / +4.2% (FOVEA, batch 2
+        # / 4), +0.6% / +0.8% / +6.4% / -0.3% (EAGLE-2-style, batch 1 / 2 / 8 / 16), -0.6% (Token
+        # Recycling, batch 8), and its policies spread less.
         # band_curve: verification seconds from `cost_curve.BandCurve` instead of the forgetting line
         # alone - measured on 2 cores (2026-12-03, EAGLE-2-style, batch 1-16): it verified more nodes
         # (8.1 against 7.0 per step at batch 2) but ran 0.90-0.99x as fast as the line; with the
