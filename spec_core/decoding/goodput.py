@@ -524,7 +524,7 @@ class GoodputPolicy:
 
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.03,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
-                 explore_share: float = 0.02, learn_every: int = 4, band_curve: bool = False,
+                 explore_share: float = 0.01, learn_every: int = 4, band_curve: bool = False,
                  ar_probe_every: int = 64, replan_every: int = 4, ar_probe_share: float = 0.0025,
                  explore_rows: int = 6):
         # alpha: the value curves' forgetting per step (`_Curves.learn`). At 0.1 a curve rested on the
@@ -534,6 +534,11 @@ class GoodputPolicy:
         # arm, paired against the fixed CPU tree (2026-12-06): 0.03 ran +3.2% / +4.2% (FOVEA, batch 2
         # / 4), +0.6% / +0.8% / +6.4% / -0.3% (EAGLE-2-style, batch 1 / 2 / 8 / 16), -0.6% (Token
         # Recycling, batch 8), and its policies spread less.
+        # explore_share: a re-exploration's extra cost over an ordinary step, as a share of the steps
+        # between two (`_schedule`). Measured with the forgetting above (2026-12-06, 3 policies per arm,
+        # paired against the CPU tree, the grid's 24 prompts x 96 new tokens): 0.01 against 0.02 ran
+        # +2.2% / +1.3% / +1.5% (EAGLE-2-style, batch 8 / 16 / 2), +0.7% (FOVEA, batch 4), +5.2%
+        # (Token Recycling, batch 8); at 48 x 128, +3.3% (EAGLE-2-style, batch 8), +0.2% (FOVEA, batch 2).
         # band_curve: verification seconds from `cost_curve.BandCurve` instead of the forgetting line
         # alone - measured on 2 cores (2026-12-03, EAGLE-2-style, batch 1-16): it verified more nodes
         # (8.1 against 7.0 per step at batch 2) but ran 0.90-0.99x as fast as the line; with the
