@@ -69,6 +69,12 @@ class ForwardTimer:
             h.remove()
 
 
+def open_target(path: str, threads: int):
+    """(adapter, processor) of the target at `path`, torch set to `threads` threads: every bench's start."""
+    torch.set_num_threads(threads)
+    return load_target(path), AutoProcessor.from_pretrained(path)
+
+
 def requests(processor, batch, max_new: int) -> list[Request]:
     out = []
     for i, (conv, im) in enumerate(batch):
@@ -108,9 +114,7 @@ def main() -> None:
     ap.add_argument("--eager-drafter", action="store_true",
                     help="grid: also goodput with the drafter fed at every AR step (no deferral), to compare")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    adapter = load_target(args.target)
-    processor = AutoProcessor.from_pretrained(args.target)
+    adapter, processor = open_target(args.target, args.threads)
     for b in args.batch or [1, 8]:
         reqs = requests(processor, prompts(b), args.max_new)
         sides = {"hf": lambda b=b: HFEngine(adapter, batch_size=b),  # EOS off on both sides
