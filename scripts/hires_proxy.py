@@ -40,18 +40,18 @@ from spec_core.reference.tasks import corpus_texts  # noqa: E402
 from spec_core.reference.vlm.answer_kinds import answer_kind_accuracy, kind_table  # noqa: E402
 from spec_core.reference.vlm.build import TOKENIZER_VOCAB, load_target, task_pool  # noqa: E402
 from spec_core.reference.vlm.evaluate import quality  # noqa: E402
-from spec_core.reference.vlm.model import PRESETS, build_processor, build_vlm  # noqa: E402
+from spec_core.reference.vlm.model import PRESETS, VLMSize, build_processor, build_vlm  # noqa: E402
 from spec_core.reference.vlm.perception import init_projector, train_perception  # noqa: E402
 from spec_core.reference.vlm.tokenizer import train_tokenizer  # noqa: E402
 from spec_core.reference.vlm.train import TRAIN_PRESETS, VLMTrainConfig, train_vlm  # noqa: E402
 
 
-def overrides(pairs: list[str]) -> dict:
+def overrides(pairs: list[str], cls: type = VLMTrainConfig) -> dict:
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or key not in VLMTrainConfig.__dataclass_fields__:
-            raise SystemExit(f"--set {pair!r}: expected field=value with a VLMTrainConfig field")
+        if not sep or key not in cls.__dataclass_fields__:
+            raise SystemExit(f"{pair!r}: expected field=value with a {cls.__name__} field")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -69,12 +69,14 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="+", default=["general_vqa", "text_vqa"])
     ap.add_argument("--eval", type=int, default=60, help="held-out samples per task")
     ap.add_argument("--set", action="append", default=[], dest="sets", metavar="FIELD=VALUE")
+    ap.add_argument("--size-set", action="append", default=[], dest="size_sets", metavar="FIELD=VALUE",
+                    help="a field of the hires VLMSize (e.g. tie_embeddings=true)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    size = replace(PRESETS["hires"], text_layers=args.layers)
+    size = replace(PRESETS["hires"], text_layers=args.layers, **overrides(args.size_sets, VLMSize))
     tcfg = replace(TRAIN_PRESETS["hires"], train_per_task=args.images, steps=args.steps,
                    warmup=min(TRAIN_PRESETS["hires"].warmup, max(args.steps // 10, 1)),
                    task_weights={t: 1.0 for t in args.tasks}, seed=args.seed, **overrides(args.sets))

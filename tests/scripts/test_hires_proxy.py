@@ -27,14 +27,15 @@ def test_two_arms_share_a_tower_and_report_their_figures(tmp_path):
     train = first["config"]["train"]  # the hires preset's: object-level focus, the read loss on sign words
     assert "vision_acc_panel" in first["stage1"] and (train["read_focus"], train["read_loss_words"]) == (True, "signs")
     second = _run("--out", str(tmp_path / "b"), "--tower", str(tmp_path / "a"), *SMALL, "--set", "read_focus=false",
-                  "--layers", "3")
+                  "--layers", "3", "--size-set", "tie_embeddings=true")
     assert "stage1" not in second and second["config"]["train"]["read_focus"] is False
     for fig in (first, second):
         assert {"exact_match_general_vqa", "exact_match_text_vqa", "region_dependence"} <= set(fig["quality"])
         assert any(k.startswith("general_vqa/") for k in fig["answer_tokens"])
     a, _ = load_target(str(tmp_path / "a"))
     b, _ = load_target(str(tmp_path / "b"))
-    assert b.config.text_config.num_hidden_layers == 3
+    assert b.config.text_config.num_hidden_layers == 3 and b.config.tie_word_embeddings  # --size-set
+    assert train["pack_tasks"] == ["general_vqa", "text_vqa", "chart_vqa"]  # the preset packs an image's questions
     assert torch.equal(a.model.vision_tower.embeddings.patch_embedding.weight,  # kept (frozen in stage 2)
                        b.model.vision_tower.embeddings.patch_embedding.weight)
     reads = subprocess.run([sys.executable, "scripts/hires_reads.py", str(tmp_path / "b"), "--per-task", "4"],
