@@ -12,6 +12,10 @@ the question, read from the image: `answer_kinds`).
     python scripts/hires_proxy.py --out /tmp/proxy/signs --tower /tmp/proxy/stage1 --set read_focus=true \
         --set read_weight=1 --set read_loss_words=signs     # the read loss on sign words only
 
+`--panel-steps N` trains the new decoder N steps on single 64 px small-world scenes first (36
+visual tokens: the base view and one tile), answers only, then `--steps` on the mosaics: whether
+reading learnt where there is one scene to read carries over to finding it among nine.
+
 `--tower` takes any saved hires target (a build's `target/` too): its tokenizer, processor, vision
 tower, projector and `image_newline` are kept, the decoder is new. `--set` overrides fields of the
 hires preset's `VLMTrainConfig` (values parsed as JSON where they parse: true, 0.5, 3).
@@ -36,9 +40,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spec_core.reference import hires  # noqa: E402
+from spec_core.reference import tasks as small  # noqa: E402
 from spec_core.reference.tasks import corpus_texts  # noqa: E402
 from spec_core.reference.vlm.answer_kinds import answer_kind_accuracy, kind_table  # noqa: E402
 from spec_core.reference.vlm.build import TOKENIZER_VOCAB, load_target, task_pool  # noqa: E402
+from spec_core.reference.vlm.data import TaskPool, decode_png, image_token_count  # noqa: E402
 from spec_core.reference.vlm.evaluate import quality  # noqa: E402
 from spec_core.reference.vlm.model import PRESETS, VLMSize, build_processor, build_vlm  # noqa: E402
 from spec_core.reference.vlm.perception import init_projector, train_perception  # noqa: E402
@@ -69,6 +75,9 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="+", default=["general_vqa", "text_vqa"])
     ap.add_argument("--eval", type=int, default=60, help="held-out samples per task")
     ap.add_argument("--set", action="append", default=[], dest="sets", metavar="FIELD=VALUE")
+    ap.add_argument("--panel-steps", type=int, default=0,
+                    help="decoder steps on single 64 px small-world scenes first (the same tasks, answers only: "
+                         "16 tiles' worth of tokens fewer), then --steps on the mosaics")
     ap.add_argument("--size-set", action="append", default=[], dest="size_sets", metavar="FIELD=VALUE",
                     help="a field of the hires VLMSize (e.g. tie_embeddings=true)")
     ap.add_argument("--seed", type=int, default=0)
@@ -96,6 +105,12 @@ def main() -> None:
                                       args.seed, pool=tcfg.vision_pool, panels=True, log=print)
         init_projector(model.model.multi_modal_projector, heads)
         figures["stage1"] = acc
+    if args.panel_steps > 0:  # a curriculum: read one scene (base view + one tile) before finding it among nine
+        scenes = [s for t in args.tasks for s in small.make_split(t, args.images, args.seed, "train")]
+        n = image_token_count(processor, decode_png(scenes[0]["image_png"]))
+        first = replace(tcfg, steps=args.panel_steps, focus_weight=0.0, copy_weight=0.0, read_weight=0.0)
+        figures["panel_train"] = {**train_vlm(model, TaskPool.build(scenes, processor, n), first, log=print),
+                                  "image_tokens": n}
     if args.steps > 0:
         figures["train"] = train_vlm(model, task_pool(size, tcfg, samples, processor), tcfg, log=print)
         model.eval()

@@ -27,8 +27,10 @@ def test_two_arms_share_a_tower_and_report_their_figures(tmp_path):
     train = first["config"]["train"]  # the hires preset's: object-level focus, the read loss on sign words
     assert "vision_acc_panel" in first["stage1"] and (train["read_focus"], train["read_loss_words"]) == (True, "signs")
     second = _run("--out", str(tmp_path / "b"), "--tower", str(tmp_path / "a"), *SMALL, "--set", "read_focus=false",
-                  "--layers", "3", "--size-set", "tie_embeddings=true")
+                  "--layers", "3", "--size-set", "tie_embeddings=true", "--panel-steps", "2")
     assert "stage1" not in second and second["config"]["train"]["read_focus"] is False
+    assert second["panel_train"]["image_tokens"] == 36  # one 64 px scene: base view + one tile (16 + 4 x 5)
+    assert "panel_train" not in first
     for fig in (first, second):
         assert {"exact_match_general_vqa", "exact_match_text_vqa", "region_dependence"} <= set(fig["quality"])
         assert any(k.startswith("general_vqa/") for k in fig["answer_tokens"])
