@@ -147,11 +147,11 @@ TRAIN_PRESETS = {
     # (`pack_tasks`), measured on the proxy (seed 1, the three tasks, 4000 images, 1500 steps, 100
     # held-out per task): text VQA 0.25 -> 0.34, its copied words 0.39 -> 0.73 and sign words read
     # 0.55 -> 0.75, region dependence 0.90 -> 0.96; general 0.13 -> 0.10, chart 0.08 -> 0.09 (colours
-    # and bars read no better); 1.4x the time per step. (Tied embeddings instead: no change.)
+    # and bars read no better); 1.4x the time per step. (Tied embeddings instead: no change.) The full
+    # build with it (2026-12-06, 106 min) read general VQA worse (0.28 -> 0.16; text 0.58 -> 0.64,
+    # chart 0.36, captions 0.14 -> 0.16), so the preset does not pack.
     "hires": VLMTrainConfig(train_per_task=8000, focus_weight=1.0, copy_weight=1.0, read_focus=True,
-                            read_weight=1.0, read_loss_words="signs",
-                            pack_tasks=("general_vqa", "text_vqa", "chart_vqa"),
-                            task_weights={"packed": 5.0, "captioning": 1.0, "reasoning": 1.0, "multi_turn": 1.5}),
+                            read_weight=1.0, read_loss_words="signs"),
 }
 # tiny-hires stays untaught: 30 steps of focus made its answers end at once, and the decoding tests
 # on it need multi-token drafts and answers that run to their length (the focus path is tested
