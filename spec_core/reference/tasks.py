@@ -245,12 +245,17 @@ def make_sample(index: int, task: str, seed: int, split: str) -> dict:
     return sample_record(index, task, split, turns, render(scene, IMAGE_SIZE), scene_to_json(scene))
 
 
+def conversation_of(turns: list[QA]) -> list[dict]:
+    """Chat messages of (question, answer) turns; the image opens the first user turn."""
+    out = []
+    for i, (q, a) in enumerate(turns):
+        out += [{"role": "user", "content": (IMAGE_TOKEN if i == 0 else "") + q}, {"role": "assistant", "content": a}]
+    return out
+
+
 def sample_record(index: int, task: str, split: str, turns: list[QA], image: Image.Image, scene_json: str) -> dict:
     """The sample dict of any reference world: the image opens the first user turn."""
-    conversation = []
-    for i, (q, a) in enumerate(turns):
-        conversation.append({"role": "user", "content": (IMAGE_TOKEN if i == 0 else "") + q})
-        conversation.append({"role": "assistant", "content": a})
+    conversation = conversation_of(turns)
     png = png_bytes(image)
     return {"id": f"{split}-{task}-{index:06d}", "task": task, "split": split, "image_png": png,
             "image_sha256": hashlib.sha256(png).hexdigest(), "conversation": conversation,

@@ -180,14 +180,10 @@ def pack_samples(samples: list[dict], tasks: tuple[str, ...], seed: int) -> list
             mosaic, rs = mosaic_from_json(s["scene_json"])
             regions += rs
         order = rng.permutation(len(turns))
-        conversation = []
-        for j, i in enumerate(order):
-            q, a = turns[i]
-            conversation += [{"role": "user", "content": (small.IMAGE_TOKEN if j == 0 else "") + q},
-                             {"role": "assistant", "content": a}]
         first = group[0]
         out.append({**first, "id": first["id"].replace(first["task"], "packed", 1), "task": "packed",
-                    "conversation": conversation, "answers": [turns[i][1] for i in order],
+                    "conversation": small.conversation_of([turns[i] for i in order]),
+                    "answers": [turns[i][1] for i in order],
                     "scene_json": mosaic_to_json(mosaic, [regions[i] for i in order])})
     return out
 
