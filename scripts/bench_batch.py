@@ -12,7 +12,8 @@ engine runs the same prompts as a request stream on `batch` slots. Sides are int
 repetition, every other one in reverse order, and the minimum of each is compared (a shared
 machine is noisy). Also prints the engine's time per phase and its overhead:
 step time not spent inside the target's forward. Outputs are checked token-identical.
-Part 2 (--grid): evaluation prompts of the six tasks with real answers (EOS on); per batch size,
+Part 2 (--grid): evaluation prompts of the six tasks with real answers (EOS on; the hires mosaics for
+a LLaVA-NeXT target, the small world's scenes otherwise); per batch size,
 generated tokens/s of every method under the paper's tree (6x6x40), a CPU tree (3x4x8, at most
 32 tokens per step) and the goodput policy on each of those two trees' shapes, against AR at that batch size, all
 interleaved per repetition, every other one in reverse order (medians of the ratios and min-time
@@ -36,17 +37,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
-from transformers import AutoProcessor  # noqa: E402
+from transformers import AutoConfig, AutoProcessor  # noqa: E402
 
 from spec_core.decoding import DecodeEngine, Request, TreeConfig  # noqa: E402
 from spec_core.decoding.hf_engine import HFEngine  # noqa: E402
-from spec_core.reference.tasks import TASKS, make_split  # noqa: E402
+from spec_core.reference import hires  # noqa: E402
+from spec_core.reference import tasks as small  # noqa: E402
+from spec_core.reference.tasks import TASKS  # noqa: E402
 from spec_core.targets import load_target  # noqa: E402
 
 
-def prompts(n: int) -> list[tuple[str, Image.Image]]:
-    """n evaluation prompts, the six tasks in turn."""
-    per = [make_split(t, -(-n // len(TASKS)), 0, "eval") for t in TASKS]
+def world_of_target(path: str):
+    """The reference world whose prompts suit a target: the hires mosaics for a LLaVA-NeXT (AnyRes)
+    target, the small world's scenes otherwise."""
+    return hires if AutoConfig.from_pretrained(path).model_type == "llava_next" else small
+
+
+def prompts(n: int, world=small) -> list[tuple[str, Image.Image]]:
+    """n evaluation prompts of a reference world (`world_of_target`), the six tasks in turn."""
+    per = [world.make_split(t, -(-n // len(TASKS)), 0, "eval") for t in TASKS]
     samples = [s for group in zip(*per) for s in group][:n]
     return [(s["conversation"][:1], Image.open(io.BytesIO(s["image_png"])).convert("RGB")) for s in samples]
 
@@ -116,7 +125,7 @@ def main() -> None:
     args = ap.parse_args()
     adapter, processor = open_target(args.target, args.threads)
     for b in args.batch or [1, 8]:
-        reqs = requests(processor, prompts(b), args.max_new)
+        reqs = requests(processor, prompts(b, world_of_target(args.target)), args.max_new)
         sides = {"hf": lambda b=b: HFEngine(adapter, batch_size=b),  # EOS off on both sides
                  "engine": lambda b=b: DecodeEngine(adapter, None, batch_size=b, capacity=512 + args.max_new)}
         seconds: dict[str, list[float]] = {k: [] for k in sides}
@@ -156,7 +165,7 @@ def grid(adapter, processor, args) -> None:
     from spec_core.decoding.proposers import DEFAULT_BUDGET, proposer_factory
 
     eos = adapter.model.generation_config.eos_token_id
-    reqs = requests(processor, prompts(args.prompts), args.grid_max_new)
+    reqs = requests(processor, prompts(args.prompts, world_of_target(args.target)), args.grid_max_new)
     vocab = adapter.lm_head.weight.shape[0]
     methods = {}
     for spec in args.method:

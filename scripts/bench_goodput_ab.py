@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.bench_batch import decode, open_target, prompts, requests  # noqa: E402
+from scripts.bench_batch import decode, open_target, prompts, requests, world_of_target  # noqa: E402
 from spec_core.decoding import DecodeEngine, TreeConfig, load_drafter  # noqa: E402
 from spec_core.decoding.proposers import DEFAULT_BUDGET, proposer_factory  # noqa: E402
 
@@ -50,7 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     adapter, processor = open_target(args.target, args.threads)
     eos = adapter.model.generation_config.eos_token_id
-    reqs = requests(processor, prompts(args.prompts), args.max_new)
+    reqs = requests(processor, prompts(args.prompts, world_of_target(args.target)), args.max_new)
     cap = max(r.inputs["input_ids"].shape[1] for r in reqs) + args.max_new + 128
     vocab = adapter.lm_head.weight.shape[0]
     proposer = args.method in DEFAULT_BUDGET
