@@ -124,8 +124,9 @@ def main() -> None:
                     help="grid: also goodput with the drafter fed at every AR step (no deferral), to compare")
     args = ap.parse_args()
     adapter, processor = open_target(args.target, args.threads)
+    world = world_of_target(args.target)
     for b in args.batch or [1, 8]:
-        reqs = requests(processor, prompts(b, world_of_target(args.target)), args.max_new)
+        reqs = requests(processor, prompts(b, world), args.max_new)
         sides = {"hf": lambda b=b: HFEngine(adapter, batch_size=b),  # EOS off on both sides
                  "engine": lambda b=b: DecodeEngine(adapter, None, batch_size=b, capacity=512 + args.max_new)}
         seconds: dict[str, list[float]] = {k: [] for k in sides}
