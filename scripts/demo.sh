@@ -52,9 +52,10 @@ else
   ETA=(1 1 4 16 4 5)
   if [ "$KIND" = hires ]; then
     # hires: a training step of its target costs ~3x the small world's (172 visual tokens; measured
-    # on 2 cores, 0.78 vs 0.26 s per batch of 16), the drafter's ~2-3x; no generator to build
+    # on 2 cores, 0.78 vs 0.26 s per batch of 16), the drafter's ~2-3x; no generator to build;
+    # 5,400 decoder steps: 90-133 min by machine (docs/results.md, 2026-12-06)
     WORLD=hires
-    BUILD_MIN=100; JOBS_MIN=60
+    BUILD_MIN=120; JOBS_MIN=60
     ETA=(1 1 10 35 10 0)
   fi
 fi

@@ -95,14 +95,24 @@ class LineFit:
         return w > 0 and w * t2 - t * t > 1e-9 * max(w * t2, 1.0)
 
     def coefficients(self) -> tuple[float, float]:
-        """(a, b) with a, b >= 0; a flat line through the mean while x has not varied."""
+        """(a, b) with a, b >= 0, the weighted least-squares line under those bounds; a flat line
+        through the mean while x has not varied.
+
+        Where the free fit's intercept is negative (seconds convex in x over the observed range),
+        the bounded fit is the line through the origin, b = sum wxy / sum wx^2. Clamping a to 0 and
+        keeping the free slope instead lifted the whole line by -a above the observations (seen
+        once on 2 cores at batch 16, FOVEA on the CPU tree's shape: 0.00 + 2.44 ms per token, AR
+        chosen on 97% of the steps; not reproduced since, docs/results.md)."""
         w, t, t2, y, ty = self._s
         if w <= 0:
             return 0.0, 0.0
         var = w * t2 - t * t
         b = (w * ty - t * y) / var if self.varied else 0.0
-        b = max(b, 0.0)
-        a = max((y - b * t) / w, 0.0)
+        if b <= 0.0:  # no slope: the mean
+            return max(y / w, 0.0), 0.0
+        a = (y - b * t) / w
+        if a < 0.0:  # through the origin
+            return 0.0, max(ty / t2, 0.0)
         return a, b
 
     def at(self, x: float) -> float:

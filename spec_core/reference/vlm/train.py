@@ -151,7 +151,7 @@ TRAIN_PRESETS = {
     # build with it (2026-12-06, 106 min) read general VQA worse (0.28 -> 0.16; text 0.58 -> 0.64,
     # chart 0.36, captions 0.14 -> 0.16), so the preset does not pack.
     "hires": VLMTrainConfig(train_per_task=8000, focus_weight=1.0, copy_weight=1.0, read_focus=True,
-                            read_weight=1.0, read_loss_words="signs"),
+                            read_weight=1.0, read_loss_words="signs", steps=5400),
 }
 # tiny-hires stays untaught: 30 steps of focus made its answers end at once, and the decoding tests
 # on it need multi-token drafts and answers that run to their length (the focus path is tested

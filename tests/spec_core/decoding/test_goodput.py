@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from spec_core.decoding.goodput import AcceptanceModel, CostModel, GoodputPolicy, choose_nodes, could_pay
+from spec_core.decoding.goodput import AcceptanceModel, CostModel, GoodputPolicy, LineFit, choose_nodes, could_pay
 
 
 def _cost(a: float, b: float) -> CostModel:
@@ -38,6 +38,34 @@ def test_cost_fit_recovers_a_line_and_forgets_the_past():
     flat.observe(8, 0.07)
     assert flat.coefficients() == pytest.approx((0.06, 0.0), abs=1e-3)  # no variation in T: a flat line
     assert not CostModel().ready and flat.ready
+
+
+def _bounded_least_squares(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """The oracle: min sum (a + b x - y)^2 over a, b >= 0, from the free fit and both boundaries."""
+    def sse(a: float, b: float) -> float:
+        return float(((a + b * x - y) ** 2).sum())
+
+    b_free, a_free = np.polyfit(x, y, 1)
+    feasible = [(a_free, b_free)] if a_free >= 0 and b_free >= 0 else []
+    feasible += [(0.0, max(float((x * y).sum() / (x * x).sum()), 0.0)), (max(float(y.mean()), 0.0), 0.0)]
+    return min(feasible, key=lambda ab: sse(*ab))
+
+
+@pytest.mark.parametrize("seconds", [
+    lambda x: 0.004 + 0.0002 * x,              # a line: the free fit
+    lambda x: 1e-5 * x ** 2,                   # convex: the free intercept is negative
+    lambda x: 0.05 - 0.0001 * x,               # falling: the free slope is negative
+    lambda x: 2.44e-3 * x * (1 + 0.02 * np.sin(x)),  # near a line through the origin
+])
+def test_cost_fit_is_the_bounded_least_squares_line(seconds):
+    x = np.array([16.0, 16, 16, 32, 64, 96, 144, 144])
+    fit = LineFit(decay=1.0)
+    for xi in x:
+        fit.observe(float(xi), float(seconds(xi)))
+    a, b = fit.coefficients()
+    oracle = _bounded_least_squares(x, seconds(x))
+    assert (a, b) == pytest.approx(oracle, rel=1e-6, abs=1e-12)
+    assert a >= 0 and b >= 0
 
 
 def test_free_verification_takes_the_full_tree():
