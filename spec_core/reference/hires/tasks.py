@@ -35,7 +35,8 @@ def _ask(rng: np.random.Generator, kind: str, **slots: object) -> str:
     return pick(rng, T.QUESTIONS[kind]).format(**slots)
 
 
-def _panel_words(text: str) -> str:
+def panel_words(text: str) -> str:
+    """A small-world question or answer phrased for one panel of a mosaic."""
     return text.replace("the image", "the panel")
 
 
@@ -43,8 +44,8 @@ def in_panel(mosaic: Mosaic, p: int, rng: np.random.Generator, pool: dict,
              exclude: set[str] = frozenset()) -> tuple[str, QA]:
     """A small-world question of `pool` about panel p, phrased for the panel."""
     kind, (q, a) = ask_one(mosaic.panels[p], rng, pool, exclude)
-    q = _panel_words(q)
-    return kind, (_ask(rng, "in_panel", panel=PANEL_NAMES[p], q=q[0].lower() + q[1:], Q=q), _panel_words(a))
+    q = panel_words(q)
+    return kind, (_ask(rng, "in_panel", panel=PANEL_NAMES[p], q=q[0].lower() + q[1:], Q=q), panel_words(a))
 
 
 def sign_panel(mosaic: Mosaic, rng: np.random.Generator) -> tuple[int, QA]:

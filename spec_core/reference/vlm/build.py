@@ -47,12 +47,13 @@ def task_pool(size: VLMSize, tcfg: VLMTrainConfig, samples: list[dict], processo
     if size.anyres and tcfg.focus_weight > 0:  # hires: each answer's panels, for `focus_loss`
         focus = partial(sample_region_tokens, side=size.image_size // size.patch)
         if tcfg.read_focus:  # ... narrowed to what shows each word the answer reads
-            reads = partial(sample_read_tokens, side=size.image_size // size.patch)
+            reads = partial(sample_read_tokens, side=size.image_size // size.patch,
+                            answers=tcfg.read_loss_words == "text")
     copy_words = CONTENT_WORDS if tcfg.copy_weight > 0 else None  # hires: for the copy loss
     if size.anyres and tcfg.pack_tasks:
         samples = hires.pack_samples(samples, tuple(tcfg.pack_tasks), tcfg.seed)
     return TaskPool.build(samples, processor, size.n_image_tokens, focus=focus, copy_words=copy_words, reads=reads,
-                          read_words=read_words_of(tcfg))
+                          read_words=read_words_of(tcfg), copy_reads=tcfg.copy_reads)
 
 
 def build_target(preset: str, out_dir: str, seed: int = 0, samples: list[dict] | None = None,

@@ -163,6 +163,28 @@ def copy_pairs(ids: list[int], labels: list[int], content_ids: frozenset[int],
     return out
 
 
+def search_pairs(ids: list[int], labels: list[int], words: list[str], content_ids: frozenset[int],
+                 reads_per_turn: list[dict[str, np.ndarray] | list[dict[str, np.ndarray]]],
+                 ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(query position, key positions) per answer position that reads a word from the image
+    (`read_pairs`' words of a one-region turn) not in its question: the position, and where the
+    question names what the image shows (its content tokens that are read words of the turn:
+    "the cross" of "what colour is the cross?", "pillow" of "which panel has the sign that says
+    pillow?"). What a read looks for, as `copy_pairs` gives a copied word's source."""
+    out = []
+    begin = 0
+    for run, reads in zip(answer_runs(labels), reads_per_turn, strict=True):
+        question = range(begin, run[0] + 1)
+        begin = run[-1] + 2
+        if isinstance(reads, list):  # a caption: its question names nothing the image shows
+            continue
+        keys = np.array([i for i in question if ids[i] in content_ids and words[i] in reads], dtype=np.int64)
+        asked = {ids[i] for i in question}
+        if len(keys):
+            out += [(np.array([q]), keys) for q in run if words[q + 1] in reads and ids[q + 1] not in asked]
+    return out
+
+
 def pair_mask(pairs: list[list[tuple[np.ndarray, np.ndarray]]], width: int) -> torch.Tensor:
     """(B, T, T) bool: row b holds True at (query, key) of each of its (queries, keys) pairs."""
     mask_BTT = torch.zeros((len(pairs), width, width), dtype=torch.bool)
@@ -194,7 +216,7 @@ class TaskPool:
               focus: Callable[[dict], list[np.ndarray | list[np.ndarray]]] | None = None,
               copy_words: frozenset[str] | None = None,
               reads: Callable[[dict], list[dict[str, np.ndarray] | list[dict[str, np.ndarray]]]] | None = None,
-              read_words: frozenset[str] | dict[str, int] | None = None) -> TaskPool:
+              read_words: frozenset[str] | dict[str, int] | None = None, copy_reads: bool = False) -> TaskPool:
         """`focus(sample)`: per assistant turn, the indices of the image tokens its answer reads
         (or a list of them, one per sentence: `focus_pairs`); `reads(sample)`: per turn, word ->
         the image tokens that show it, where the focus narrows to them (`read_pairs`, `sharpen`);
@@ -202,7 +224,9 @@ class TaskPool:
         the read loss's), the focus narrows for every read word (None: every read word; a dict:
         word -> its kind, which `read_BT` holds + 1 - the read loss decodes each kind from heads of
         its own);
-        `copy_words`: the words whose repetitions from the question are taught (`copy_pairs`)."""
+        `copy_words`: the words whose repetitions from the question are taught (`copy_pairs`);
+        `copy_reads` (with `copy_words` and `reads`): the copy pairs also hold each read
+        position's `search_pairs` (what its question says to look for)."""
         rows: dict[str, int] = {}
         pngs = []
         for s in samples:
@@ -223,18 +247,22 @@ class TaskPool:
         for s in samples:
             ids, labels = encode_conversation(processor.tokenizer, list(s["conversation"]), n_image_tokens)
             ex.setdefault(s["task"], []).append((rows[s["image_sha256"]], ids, labels))
+            shown = reads(s) if focus is not None and reads is not None else None  # per turn, what the image shows
+            words = token_words(processor.tokenizer, ids) if shown is not None else None
             if focus is not None:
                 pairs = focus_pairs(ids, labels, image_id, focus(s), stop_id)
-                if reads is not None:
-                    words = token_words(processor.tokenizer, ids)
-                    rp = read_pairs(ids, labels, image_id, words, reads(s), stop_id)
+                if shown is not None:
+                    rp = read_pairs(ids, labels, image_id, words, shown, stop_id)
                     pairs = sharpen(pairs, rp)
                     queries = [int(q[0]) for q, _ in rp]
                     rd.setdefault(s["task"], []).append(
                         [(q, k) for q in queries if (k := kind(words[q + 1])) is not None])
                 foc.setdefault(s["task"], []).append(pairs)
             if copy_words:
-                cop.setdefault(s["task"], []).append(copy_pairs(ids, labels, content))
+                pairs = copy_pairs(ids, labels, content)
+                if copy_reads and shown is not None:
+                    pairs += search_pairs(ids, labels, words, content, shown)
+                cop.setdefault(s["task"], []).append(pairs)
         return cls(images, ex, processor.tokenizer.pad_token_id, foc if focus is not None else None,
                    cop if copy_words else None, rd if focus is not None and reads is not None else None)
 

@@ -15,11 +15,17 @@ import torch
 import torch.nn.functional as F
 from transformers import LlavaForConditionalGeneration
 
+from spec_core.reference.hires.mosaic import PANEL_NAMES
 from spec_core.reference.vlm.data import IGNORE, TaskPool
-from spec_core.reference.vocab import COLOUR_NAMES, SHAPES, VALUE_WORDS, WORDS
+from spec_core.reference.vocab import COLOUR_NAMES, LETTERS, ROW_NAMES, SHAPES, VALUE_WORDS, WORDS
 
+# what a sign shows beyond its word, where an answer says it (`hires.reads.answer_reads`): the
+# panel that holds it, its first letter, its length (3-6: no bar value, which are tens), its row
+SIGN_FACTS = frozenset({w for name in PANEL_NAMES for w in name.split()} | set(LETTERS) | set(ROW_NAMES)
+                       | {str(len(w)) for w in WORDS})
 # `VLMTrainConfig.read_loss_words` -> the words whose read positions the read loss teaches (None: all)
 READ_LOSS_WORDS: dict[str, frozenset[str] | None] = {"all": None, "signs": frozenset(WORDS),
+                                                     "text": frozenset(WORDS) | SIGN_FACTS,
                                                      "colours": frozenset(COLOUR_NAMES)}
 # `read_loss_words="by_kind"`: each kind of read word decoded from heads of its own among the focus
 # heads, (words, first head, heads): a sign's word on the two heads the "signs" build taught, an
@@ -84,6 +90,13 @@ class VLMTrainConfig:
     # before the focus layers, so the reads of the panel that follow know what they look for
     # (weight; 0 = off; see `copy_pairs`)
     copy_weight: float = 0.0
+    # hires, with copy_weight and read_focus: the copy head is also taught, at each position that
+    # reads a word from the image, to read what its question says to look for (`data.search_pairs`:
+    # "pillow" of "which panel has the sign that says pillow?" where the answer names the panel).
+    # Measured on the proxy with read_loss_words="text" (docs/results.md, 2026-12-06 evening): the
+    # panel's tile found at its name's first word 19 -> 22 of 98, "which panel" 13 -> 15 of 76, text
+    # VQA 0.465 -> 0.52 (200 questions); not adopted.
+    copy_reads: bool = False
     # hires, with focus: an answer word the image shows (an object's colour or shape, a sign's word,
     # a bar's label or value) is focused on the patches that show it instead of the whole panel
     # (`hires.reads`, `data.read_pairs`): the second address, inside the panel, that the copy and
@@ -99,6 +112,13 @@ class VLMTrainConfig:
     # image; "signs": a sign's word only (its patches show one word, while an object's patches show
     # its colour and its shape, and one head output cannot decode to both: the loss on every word
     # read signs 0.17 -> 0.40 and colours 0.39 -> 0.24). The read focus still narrows for all.
+    # "text": a sign's word and what an answer says of the sign beyond it (SIGN_FACTS: which panel
+    # holds it, its first letter, length, row - `hires.reads.answer_reads`, which this setting
+    # adds to the reads). Measured on the proxy (seed 0, general + text VQA, 2000 images, 1500 steps,
+    # 200 held-out text questions) against "signs": text VQA 0.455 -> 0.465, "which panel has the
+    # sign that says X" 3 -> 13 of 76 (its column word teacher-forced 0.42 -> 0.79, its row word
+    # 0.32 -> 0.36: the panel is not found by its sign's word), first letter 1 -> 3 of 17, length
+    # 14 -> 9 of 20; not adopted.
     # "by_kind": every kind of read word on heads of its own (READ_KINDS; focus_heads >= 4);
     # "colours": an object's colour only (a diagnostic: measured on the proxy, colours alone were
     # read no better - teacher-forced 0.21 against 0.38 with "signs" - so the kinds do not merely conflict).
@@ -109,6 +129,9 @@ class VLMTrainConfig:
     pack_tasks: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if self.copy_reads and not (self.copy_weight > 0 and self.read_focus):
+            raise ValueError("copy_reads teaches the copy head at the read positions: it needs copy_weight > 0 "
+                             f"and read_focus=True, got copy_weight={self.copy_weight}, read_focus={self.read_focus}")
         if self.read_loss_words not in (*READ_LOSS_WORDS, "by_kind"):
             raise ValueError(f"read_loss_words must be one of {sorted([*READ_LOSS_WORDS, 'by_kind'])}, "
                              f"got {self.read_loss_words!r}")

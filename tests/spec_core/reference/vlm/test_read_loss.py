@@ -63,6 +63,9 @@ def test_read_words_keep_only_their_read_positions_and_every_read_focus():
     assert READ_LOSS_WORDS["all"] is None
     with pytest.raises(ValueError, match="read_loss_words"):
         VLMTrainConfig(read_loss_words="sign")
+    with pytest.raises(ValueError, match="copy_reads"):  # nothing would be taught: a no-op fails instead
+        VLMTrainConfig(copy_reads=True, read_focus=True)
+    VLMTrainConfig(copy_reads=True, copy_weight=1.0, read_focus=True)
 
 
 def test_by_kind_every_read_word_has_its_kind_and_its_own_heads():
