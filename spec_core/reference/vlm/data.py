@@ -143,6 +143,16 @@ def content_token_ids(tok: PreTrainedTokenizerFast, words: frozenset[str]) -> fr
     return frozenset(i for i in range(len(tok)) if tok.decode([i]).strip().lower() in words)
 
 
+def turn_questions(labels: list[int]) -> list[tuple[list[int], range]]:
+    """Per assistant turn, its answer positions (`answer_runs`) and its question's positions:
+    what lies between turn t-1's answer and turn t's."""
+    out, begin = [], 0
+    for run in answer_runs(labels):
+        out.append((run, range(begin, run[0] + 1)))
+        begin = run[-1] + 2
+    return out
+
+
 def copy_pairs(ids: list[int], labels: list[int], content_ids: frozenset[int],
                ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(query position, key positions) per answer token that repeats a content token of its own
@@ -150,16 +160,13 @@ def copy_pairs(ids: list[int], labels: list[int], content_ids: frozenset[int],
     it, and where the question holds that token (the question of turn t: what lies between turn
     t-1's answer and turn t's)."""
     out = []
-    begin = 0
-    for run in answer_runs(labels):
-        question = ids[begin: run[0] + 1]
+    for run, question in turn_questions(labels):
         for q in run:
             token = ids[q + 1]
             if token in content_ids:
-                keys = [begin + i for i, t in enumerate(question) if t == token]
+                keys = [i for i in question if ids[i] == token]
                 if keys:
                     out.append((np.array([q]), np.array(keys)))
-        begin = run[-1] + 2
     return out
 
 
@@ -172,10 +179,7 @@ def search_pairs(ids: list[int], labels: list[int], words: list[str], content_id
     "the cross" of "what colour is the cross?", "pillow" of "which panel has the sign that says
     pillow?"). What a read looks for, as `copy_pairs` gives a copied word's source."""
     out = []
-    begin = 0
-    for run, reads in zip(answer_runs(labels), reads_per_turn, strict=True):
-        question = range(begin, run[0] + 1)
-        begin = run[-1] + 2
+    for (run, question), reads in zip(turn_questions(labels), reads_per_turn, strict=True):
         if isinstance(reads, list):  # a caption: its question names nothing the image shows
             continue
         keys = np.array([i for i in question if ids[i] in content_ids and words[i] in reads], dtype=np.int64)
