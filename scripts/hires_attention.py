@@ -5,6 +5,14 @@ and how often it is the tile with the most.
 
     python scripts/hires_attention.py runs/reference/hires/target [--per-task 60]
 
+`--which-panel`: the content search instead. On held-out "Which panel has the sign that says X?"
+questions, teacher-forced, at the position that predicts the panel's first word: how often the
+first focus head (`vlm.train.focus_layers`, head 0) gives the panel holding the sign the most
+attention (found), and how often the final logits name that word (right), when found and when
+not - where text VQA's misses were traced (docs/results.md, the hires world).
+
+    python scripts/hires_attention.py runs/reference/hires/target --which-panel [--per-task 250]
+
 Layout read: `spec_core.reference.hires.layout` (LLaVA-NeXT's packing of the base view and tiles).
 Shapes: H heads, A answer positions, K visual tokens.
 """
@@ -12,6 +20,7 @@ Shapes: H heads, A answer positions, K visual tokens.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -26,6 +35,36 @@ from spec_core.reference.hires.mosaic import PANELS, mosaic_from_json  # noqa: E
 from spec_core.reference.vlm.build import load_target  # noqa: E402
 from spec_core.reference.vlm.data import answer_runs, decode_png, encode_conversation  # noqa: E402
 from spec_core.reference.vlm.model import image_inputs  # noqa: E402
+from spec_core.reference.vlm.train import TRAIN_PRESETS, focus_layers  # noqa: E402
+
+
+def which_panel(model, proc, tiles: np.ndarray, per_task: int, seed: int) -> dict:
+    """Found / right at the panel's first word of "The sign that says X is in the <panel> panel."
+    (see the module doc); over the sign-panel questions among `per_task` held-out text VQA samples."""
+    tok, K = proc.tokenizer, len(tiles)
+    image_id = tok.convert_tokens_to_ids(proc.image_token)
+    layer = focus_layers(model.config.text_config.num_hidden_layers, TRAIN_PRESETS["hires"].focus_layers)[0]
+    found, right = [], []
+    for s in hires.make_split("text_vqa", per_task, seed, "eval"):
+        if "that says" not in s["answers"][0]:
+            continue
+        _, regions = mosaic_from_json(s["scene_json"])
+        ids, labels = encode_conversation(tok, list(s["conversation"]), K)
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([ids]), **image_inputs(proc, [decode_png(s["image_png"])]),
+                        output_attentions=True)
+        answer = [q for run in answer_runs(labels) for q in run]
+        words = [tok.decode([ids[q + 1]]).strip() for q in answer]
+        q = answer[max(i for i, w in enumerate(words) if w == "the") + 1]  # predicts the panel's first word
+        start = ids.index(image_id)
+        mass_K = out.attentions[layer][0, 0, q, start:start + K].numpy()
+        per_tile = np.array([mass_K[tiles == t].sum() for t in range(PANELS * PANELS)])
+        found.append(per_tile.argmax() == regions[0][0])
+        right.append(out.logits[0, q].argmax().item() == ids[q + 1])
+    f, r = np.array(found), np.array(right)
+    return {"questions": len(f), "layer": layer, "found": int(f.sum()), "right": int(r.sum()),
+            "right_when_found": round(float(r[f].mean()), 2) if f.any() else None,
+            "right_when_not_found": round(float(r[~f].mean()), 2) if (~f).any() else None}
 
 
 def main() -> None:
@@ -33,6 +72,7 @@ def main() -> None:
     ap.add_argument("target", help="a saved hires target directory")
     ap.add_argument("--per-task", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--which-panel", action="store_true", help="the content search of sign-panel questions")
     args = ap.parse_args()
     model, proc = load_target(args.target)
     model.set_attn_implementation("eager")  # attention weights are returned by the eager path only
@@ -41,6 +81,9 @@ def main() -> None:
     tiles = tile_of_tokens(side)
     tok, K = proc.tokenizer, len(tiles)
     image_id = tok.convert_tokens_to_ids(proc.image_token)
+    if args.which_panel:
+        print(json.dumps(which_panel(model, proc, tiles, args.per_task, args.seed)))
+        return
     samples = [s for t in ("general_vqa", "text_vqa") for s in hires.make_split(t, args.per_task, args.seed, "eval")]
     L = model.config.text_config.num_hidden_layers
     wins, share = np.zeros(L), np.zeros(L)

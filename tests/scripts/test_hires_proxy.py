@@ -1,6 +1,7 @@
 """scripts/hires_proxy.py, in seconds: a stage-1 arm from scratch, then an arm that keeps its
 tokenizer, tower and projector (where stage 2 starts) and trains a new decoder with a --set override; both write their
-figures and a loadable LLaVA-NeXT model; scripts/hires_reads.py reports on one."""
+figures and a loadable LLaVA-NeXT model; scripts/hires_reads.py and hires_attention.py --which-panel
+report on one."""
 
 import json
 import os
@@ -23,9 +24,11 @@ def _run(*args: str) -> dict:
 
 
 def test_two_arms_share_a_tower_and_report_their_figures(tmp_path):
-    first = _run("--out", str(tmp_path / "a"), *SMALL, "--set", "vision_steps=5", "--set", "vision_pool=32")
+    first = _run("--out", str(tmp_path / "a"), *SMALL, "--set", "vision_steps=5", "--set", "vision_pool=32",
+                 "--set", "read_values_only=true")
     train = first["config"]["train"]  # the hires preset's: object-level focus, the read loss on sign words
     assert "vision_acc_panel" in first["stage1"] and (train["read_focus"], train["read_loss_words"]) == (True, "signs")
+    assert train["read_values_only"] is True
     second = _run("--out", str(tmp_path / "b"), "--tower", str(tmp_path / "a"), *SMALL, "--set", "read_focus=false",
                   "--layers", "3", "--size-set", "tie_embeddings=true", "--panel-steps", "2")
     assert "stage1" not in second and second["config"]["train"]["read_focus"] is False
@@ -43,6 +46,10 @@ def test_two_arms_share_a_tower_and_report_their_figures(tmp_path):
                            cwd=REPO, capture_output=True, text=True, check=True)  # where reading fails, on arm b
     report = json.loads(reads.stdout.strip().splitlines()[-1])
     assert report["read_positions"] > 0 and len(report["mass_layer_head"]) == 3  # one row per layer
+    search = subprocess.run([sys.executable, "scripts/hires_attention.py", str(tmp_path / "b"), "--which-panel",
+                             "--per-task", "12"], cwd=REPO, capture_output=True, text=True, check=True)
+    found = json.loads(search.stdout.strip().splitlines()[-1])  # the content search of sign-panel questions
+    assert found["questions"] > 0 and 0 <= found["right"] <= found["questions"] and found["layer"] == 0
     bad = subprocess.run([sys.executable, "scripts/hires_proxy.py", "--out", str(tmp_path / "c"), "--set", "nope=1"],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode != 0 and "VLMTrainConfig field" in bad.stderr

@@ -123,6 +123,14 @@ class VLMTrainConfig:
     # "colours": an object's colour only (a diagnostic: measured on the proxy, colours alone were
     # read no better - teacher-forced 0.21 against 0.38 with "signs" - so the kinds do not merely conflict).
     read_loss_words: str = "all"
+    # hires, with read_weight: the read loss trains what the focus heads read (their values and
+    # o_proj), not where they look: their attention weights enter it detached, so only the focus
+    # loss moves their queries and keys. Why: with read_loss_words="text" a found tile's name came
+    # out (0.37 -> 0.74) while the tile was found less often (48 -> 19 of 98 on the proxy) - the
+    # read loss's gradient through the attention pulled it off the search. Measured on the proxy
+    # with "text" (docs/results.md, 2026-12-06 night): found 19 -> 40 of 98, right when found
+    # 0.74 -> 0.55, "which panel" 13 -> 11 of 76, text VQA 0.465 -> 0.52 (200); not adopted.
+    read_values_only: bool = False
     # hires: the training samples of these tasks that share an image become one conversation
     # (`hires.tasks.pack_samples`, task "packed"), so the image's 172 tokens are encoded once for
     # several answers, as LLaVA's instruction data ask several questions of an image in one turn list
@@ -132,6 +140,9 @@ class VLMTrainConfig:
         if self.copy_reads and not (self.copy_weight > 0 and self.read_focus):
             raise ValueError("copy_reads teaches the copy head at the read positions: it needs copy_weight > 0 "
                              f"and read_focus=True, got copy_weight={self.copy_weight}, read_focus={self.read_focus}")
+        if self.read_values_only and not (self.read_weight > 0 and self.read_focus):
+            raise ValueError("read_values_only changes the read loss: it needs read_weight > 0 and read_focus=True, "
+                             f"got read_weight={self.read_weight}, read_focus={self.read_focus}")
         if self.read_loss_words not in (*READ_LOSS_WORDS, "by_kind"):
             raise ValueError(f"read_loss_words must be one of {sorted([*READ_LOSS_WORDS, 'by_kind'])}, "
                              f"got {self.read_loss_words!r}")
@@ -259,17 +270,22 @@ def attention_weights_of(model: LlavaForConditionalGeneration, layers: list[int]
 
 class HeadOutputs:
     """Within the block, the input of `o_proj` (the heads' outputs side by side, (B, T, H x d)) of
-    each of `layers`, as captured by forward pre-hooks."""
+    each of `layers`, as captured by forward pre-hooks; with `values`, also the output of `v_proj`
+    (B, T, KV x d) of each, in `.values`."""
 
-    def __init__(self, model, layers: list[int]):
-        self.model, self.layers, self.inputs = model, layers, {}
+    def __init__(self, model, layers: list[int], values: bool = False):
+        self.model, self.layers, self.inputs, self.values = model, layers, {}, {}
+        self._want_values = values
         self._hooks = []
 
     def __enter__(self):
         for i in self.layers:
-            o_proj = self.model.model.language_model.layers[i].self_attn.o_proj
-            self._hooks.append(o_proj.register_forward_pre_hook(
+            attn = self.model.model.language_model.layers[i].self_attn
+            self._hooks.append(attn.o_proj.register_forward_pre_hook(
                 lambda _m, args, i=i: self.inputs.__setitem__(i, args[0])))
+            if self._want_values:
+                self._hooks.append(attn.v_proj.register_forward_hook(
+                    lambda _m, _args, out, i=i: self.values.__setitem__(i, out)))
         return self
 
     def __exit__(self, *exc):
@@ -278,14 +294,29 @@ class HeadOutputs:
         self._hooks.clear()
 
 
+def heads_read(attn_BHTT: torch.Tensor, v_BTF: torch.Tensor, q_B: torch.Tensor, q_T: torch.Tensor,
+               first: int, count: int, head_dim: int) -> torch.Tensor:
+    """(P, count x d): the outputs of heads `first` .. `first + count - 1` at positions (q_B, q_T),
+    from their attention weights held fixed (detached) and their values (v_BTF: `v_proj`'s output,
+    KV x d; query head h reads value head h // (H / KV)) - what o_proj's input holds there, with
+    no gradient to where the heads look."""
+    P, H, T = len(q_B), attn_BHTT.shape[1], v_BTF.shape[1]
+    a_PCT = attn_BHTT.detach()[q_B, first: first + count, q_T]
+    v_PTKd = v_BTF[q_B].view(P, T, -1, head_dim)
+    kv_C = torch.arange(first, first + count, device=v_BTF.device) // (H // v_PTKd.shape[2])
+    return torch.einsum("pct,ptcd->pcd", a_PCT, v_PTKd[:, :, kv_C]).reshape(P, count * head_dim)
+
+
 def read_loss(model, inputs: dict[int, torch.Tensor], read_BT: torch.Tensor, labels_BT: torch.Tensor,
-              heads: int | list[tuple[int, int]]) -> torch.Tensor:
+              heads: int | list[tuple[int, int]], fixed: tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]
+              | None = None) -> torch.Tensor:
     """Cross-entropy of the word each read position predicts (labels at t + 1), decoded from what
     its heads of the captured layers add to the residual there: their slice of `o_proj`, summed
     over the layers, through the final norm and `lm_head` (the heads' direct contribution to the
     logits, as the logit lens reads a layer). `read_BT` holds a position's kind + 1 (0: not a read
     position; a bool mask is kind 0), `heads` the (first head, heads) of each kind - an int n: the
-    first n heads for kind 0."""
+    first n heads for kind 0. `fixed`: (attention weights, values) per captured layer - the heads'
+    outputs are then `heads_read` (`read_values_only`: no gradient to the attention)."""
     if not bool(read_BT[:, :-1].any()):
         return model.lm_head.weight.new_zeros(())
     groups = [(0, heads)] if isinstance(heads, int) else heads
@@ -299,8 +330,9 @@ def read_loss(model, inputs: dict[int, torch.Tensor], read_BT: torch.Tensor, lab
         if not len(q_B):
             continue
         cols = slice(first * hd, (first + count) * hd)
-        added_PD = sum(x_BTF[q_B, q_T, cols] @ lm.layers[i].self_attn.o_proj.weight[:, cols].T
-                       for i, x_BTF in inputs.items())
+        added_PD = sum((x_BTF[q_B, q_T, cols] if fixed is None else
+                        heads_read(fixed[0][i], fixed[1][i], q_B, q_T, first, count, hd))
+                       @ lm.layers[i].self_attn.o_proj.weight[:, cols].T for i, x_BTF in inputs.items())
         logits_PV = model.lm_head(lm.norm(added_PD))
         losses.append(F.cross_entropy(logits_PV, labels_BT[q_B, q_T + 1], ignore_index=IGNORE, reduction="sum"))
         n += int((labels_BT[q_B, q_T + 1] != IGNORE).sum())
@@ -340,7 +372,7 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
     it = progress(range(cfg.steps), total=cfg.steps, desc="vlm stage 2") if progress else range(cfg.steps)
     # the supervised layers' attention weights; the saved model keeps its own attention
     with attention_weights_of(model, layers) if layers else nullcontext(), \
-            HeadOutputs(model, f_layers if reading else []) as heads_out:
+            HeadOutputs(model, f_layers if reading else [], values=reading and cfg.read_values_only) as heads_out:
         for step in it:
             task = tasks[rng.choice(len(tasks), p=weights)]
             batch = pool.batch(task, cfg.batch, rng)
@@ -358,7 +390,9 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
                 loss = loss + cfg.copy_weight * c
                 recent_copy = (recent_copy + [c.item()])[-50:]
             if reading:
-                r = read_loss(model, heads_out.inputs, read_BT, batch["labels"], read_heads)
+                fixed = ({i: out.attentions[layers.index(i)] for i in f_layers}, heads_out.values) \
+                    if cfg.read_values_only else None
+                r = read_loss(model, heads_out.inputs, read_BT, batch["labels"], read_heads, fixed)
                 loss = loss + cfg.read_weight * r
                 recent_read = (recent_read + [r.item()])[-50:]
             opt.zero_grad(set_to_none=True)

@@ -1,7 +1,9 @@
 """The hires read loss (`read_loss`): what the focus heads add to the residual at a position that
 predicts a word read from the image, decoded and taught that word - checked against the layer's
 own attention output (all heads, an o_proj forward hook) and against o_proj on the other heads'
-outputs zeroed; the pool's read positions; and a few training steps that lower it."""
+outputs zeroed; the pool's read positions; and a few training steps that lower it. With the
+attention held fixed (`read_values_only`): the same value, and no gradient to the layer's queries
+and keys."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from spec_core.reference.tasks import corpus_texts
 from spec_core.reference.vlm.data import TaskPool, token_words
 from spec_core.reference.vlm.model import PRESETS, build_processor, build_vlm
 from spec_core.reference.vlm.tokenizer import train_tokenizer
-from spec_core.reference.vlm.train import (READ_KINDS, READ_LOSS_WORDS, HeadOutputs, VLMTrainConfig, read_heads_of,
-                                           read_loss, read_words_of, train_vlm)
+from spec_core.reference.vlm.train import (READ_KINDS, READ_LOSS_WORDS, HeadOutputs, VLMTrainConfig,
+                                           attention_weights_of, heads_read, read_heads_of, read_loss, read_words_of,
+                                           train_vlm)
 from spec_core.reference.vocab import COLOURS, SHAPES, WORDS
 
 
@@ -31,6 +34,17 @@ def _world(read_words: frozenset[str] | dict[str, int] | None = None, tasks: tup
                           focus=lambda s: sample_region_tokens(s, side), reads=lambda s: sample_read_tokens(s, side),
                           read_words=read_words)
     return tok, size, pool
+
+
+def _untrained_batch(read_words=None, n: int = 4) -> tuple[torch.nn.Module, dict, torch.Tensor]:
+    """An untrained tiny-hires model, a general VQA batch of n (without its focus) and its read_BT."""
+    torch.manual_seed(0)
+    tok, size, pool = _world(read_words)
+    model = build_vlm(size, tok, 0).eval()
+    b = pool.batch("general_vqa", n, np.random.default_rng(0))
+    read_BT = b.pop("read_BT")
+    b.pop("focus_BTT")
+    return model, b, read_BT
 
 
 def test_read_positions_predict_words_the_image_shows():
@@ -91,13 +105,7 @@ def test_by_kind_every_read_word_has_its_kind_and_its_own_heads():
 def test_each_kind_is_decoded_from_its_own_heads():
     """Two kinds on a 2-head decoder, colours on head 0 and shapes on head 1: the loss is the mean
     over both kinds' positions of o_proj with every other head's output zeroed, decoded."""
-    torch.manual_seed(0)
-    kinds = {**{c: 0 for c in COLOURS}, **{s: 1 for s in SHAPES}}
-    tok, size, pool = _world(kinds)
-    model = build_vlm(size, tok, 0).eval()
-    b = pool.batch("general_vqa", 6, np.random.default_rng(0))
-    read_BT = b.pop("read_BT")
-    b.pop("focus_BTT")
+    model, b, read_BT = _untrained_batch({**{c: 0 for c in COLOURS}, **{s: 1 for s in SHAPES}}, 6)
     assert set(read_BT.unique().tolist()) == {0, 1, 2}
     lm = model.model.language_model
     with torch.no_grad(), HeadOutputs(model, [1]) as heads_out:
@@ -119,12 +127,7 @@ def test_each_kind_is_decoded_from_its_own_heads():
 
 
 def test_the_read_loss_is_the_heads_direct_contribution_decoded():
-    torch.manual_seed(0)
-    tok, size, pool = _world()
-    model = build_vlm(size, tok, 0).eval()
-    b = pool.batch("general_vqa", 4, np.random.default_rng(0))
-    read_BT = b.pop("read_BT")
-    b.pop("focus_BTT")
+    model, b, read_BT = _untrained_batch()
     lm = model.model.language_model
     H = model.config.text_config.num_attention_heads
     attn_out = {}
@@ -145,12 +148,51 @@ def test_the_read_loss_is_the_heads_direct_contribution_decoded():
     assert torch.allclose(read_loss(model, heads_out.inputs, read_BT, b["labels"], 1), want1, atol=1e-5)
 
 
-def test_training_with_the_read_loss_lowers_it():
+@pytest.mark.parametrize("values_only", [False, True])
+def test_training_with_the_read_loss_lowers_it(values_only):
     tok, size, pool = _world()
     model = build_vlm(size, tok, 0)
     cfg = VLMTrainConfig(steps=60, batch=4, warmup=5, lr=3e-3, focus_weight=1.0, focus_layers=1, focus_heads=1,
-                         read_focus=True, read_weight=1.0, task_weights={"general_vqa": 1.0})
+                         read_focus=True, read_weight=1.0, task_weights={"general_vqa": 1.0},
+                         read_values_only=values_only)
     logs = []
     out = train_vlm(model, pool, cfg, log=logs.append)
     first = float(logs[0].split(" read ")[1].split()[0])
     assert "vlm_final_read_loss" in out and out["vlm_final_read_loss"] < 0.7 * first
+
+
+def test_heads_read_is_the_attention_times_each_heads_value_head():
+    """4 query heads on 2 value heads (GQA): head h reads value head h // 2."""
+    g = torch.Generator().manual_seed(0)
+    B, H, T, KV, d = 2, 4, 5, 2, 3
+    attn = torch.rand(B, H, T, T, generator=g).softmax(-1)
+    v = torch.randn(B, T, KV * d, generator=g)
+    q_B, q_T = torch.tensor([0, 1, 1]), torch.tensor([4, 2, 0])
+    got = heads_read(attn, v, q_B, q_T, 1, 2, d)  # heads 1 and 2: value heads 0 and 1
+    for p, (b, t) in enumerate(zip(q_B.tolist(), q_T.tolist())):
+        want = torch.cat([attn[b, h, t] @ v[b, :, (h // 2) * d: (h // 2 + 1) * d] for h in (1, 2)])
+        assert torch.allclose(got[p], want, atol=1e-6)
+
+
+def test_read_values_only_keeps_the_loss_and_stops_its_gradient_to_where_the_heads_look():
+    model, b, read_BT = _untrained_batch()
+    attn = model.model.language_model.layers[1].self_attn
+    grads = {}
+    for fixed_attention in (False, True):
+        model.zero_grad(set_to_none=True)
+        with attention_weights_of(model, [1]), HeadOutputs(model, [1], values=fixed_attention) as heads_out:
+            out = model(**b, output_attentions=True)
+            fixed = ({1: out.attentions[0]}, heads_out.values) if fixed_attention else None
+            loss = read_loss(model, heads_out.inputs, read_BT, b["labels"], 1, fixed)
+        loss.backward()
+        grads[fixed_attention] = (loss.item(), attn.q_proj.weight.grad, attn.v_proj.weight.grad)
+    assert grads[True][0] == pytest.approx(grads[False][0], abs=1e-5)
+    assert grads[False][1].abs().sum() > 0
+    assert grads[True][1] is None or not grads[True][1].any()
+    assert grads[True][2].abs().sum() > 0  # what the heads read still learns
+
+
+def test_read_values_only_needs_the_read_loss():
+    with pytest.raises(ValueError, match="read_values_only"):
+        VLMTrainConfig(read_values_only=True)
+    VLMTrainConfig(read_values_only=True, read_focus=True, read_weight=1.0)
