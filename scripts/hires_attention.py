@@ -38,28 +38,38 @@ from spec_core.reference.vlm.model import image_inputs  # noqa: E402
 from spec_core.reference.vlm.train import TRAIN_PRESETS, focus_layers  # noqa: E402
 
 
+def attend(model, proc, s: dict, tiles: np.ndarray) -> tuple[list[int], list[int], object, int]:
+    """One held-out sample, teacher-forced with every layer's attention weights: (ids, labels, the
+    model's output, the position of the first image token)."""
+    tok = proc.tokenizer
+    ids, labels = encode_conversation(tok, list(s["conversation"]), len(tiles))
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), **image_inputs(proc, [decode_png(s["image_png"])]),
+                    output_attentions=True)
+    return ids, labels, out, ids.index(tok.convert_tokens_to_ids(proc.image_token))
+
+
+def tile_mass(mass_K: np.ndarray, tiles: np.ndarray) -> np.ndarray:
+    """(9,) attention mass per tile, from the mass on each of the K visual tokens."""
+    return np.array([mass_K[tiles == t].sum() for t in range(PANELS * PANELS)])
+
+
 def which_panel(model, proc, tiles: np.ndarray, per_task: int, seed: int) -> dict:
     """Found / right at the panel's first word of "The sign that says X is in the <panel> panel."
     (see the module doc); over the sign-panel questions among `per_task` held-out text VQA samples."""
-    tok, K = proc.tokenizer, len(tiles)
-    image_id = tok.convert_tokens_to_ids(proc.image_token)
+    K = len(tiles)
     layer = focus_layers(model.config.text_config.num_hidden_layers, TRAIN_PRESETS["hires"].focus_layers)[0]
     found, right = [], []
     for s in hires.make_split("text_vqa", per_task, seed, "eval"):
         if "that says" not in s["answers"][0]:
             continue
         _, regions = mosaic_from_json(s["scene_json"])
-        ids, labels = encode_conversation(tok, list(s["conversation"]), K)
-        with torch.no_grad():
-            out = model(input_ids=torch.tensor([ids]), **image_inputs(proc, [decode_png(s["image_png"])]),
-                        output_attentions=True)
+        ids, labels, out, start = attend(model, proc, s, tiles)
         answer = [q for run in answer_runs(labels) for q in run]
-        words = [tok.decode([ids[q + 1]]).strip() for q in answer]
+        words = [proc.tokenizer.decode([ids[q + 1]]).strip() for q in answer]
         q = answer[max(i for i, w in enumerate(words) if w == "the") + 1]  # predicts the panel's first word
-        start = ids.index(image_id)
-        mass_K = out.attentions[layer][0, 0, q, start:start + K].numpy()
-        per_tile = np.array([mass_K[tiles == t].sum() for t in range(PANELS * PANELS)])
-        found.append(per_tile.argmax() == regions[0][0])
+        found.append(tile_mass(out.attentions[layer][0, 0, q, start:start + K].numpy(), tiles).argmax()
+                     == regions[0][0])
         right.append(out.logits[0, q].argmax().item() == ids[q + 1])
     f, r = np.array(found), np.array(right)
     return {"questions": len(f), "layer": layer, "found": int(f.sum()), "right": int(r.sum()),
@@ -77,10 +87,8 @@ def main() -> None:
     model, proc = load_target(args.target)
     model.set_attn_implementation("eager")  # attention weights are returned by the eager path only
     vision = model.config.vision_config
-    side = vision.image_size // vision.patch_size
-    tiles = tile_of_tokens(side)
-    tok, K = proc.tokenizer, len(tiles)
-    image_id = tok.convert_tokens_to_ids(proc.image_token)
+    tiles = tile_of_tokens(vision.image_size // vision.patch_size)
+    K = len(tiles)
     if args.which_panel:
         print(json.dumps(which_panel(model, proc, tiles, args.per_task, args.seed)))
         return
@@ -90,15 +98,10 @@ def main() -> None:
     for s in samples:
         _, regions = mosaic_from_json(s["scene_json"])
         named = regions[0][0]
-        ids, labels = encode_conversation(tok, list(s["conversation"]), K)
-        with torch.no_grad():
-            out = model(input_ids=torch.tensor([ids]), **image_inputs(proc, [decode_png(s["image_png"])]),
-                        output_attentions=True)
-        start = ids.index(image_id)
+        _, labels, out, start = attend(model, proc, s, tiles)
         answer = [q for run in answer_runs(labels) for q in run]  # positions that predict answer tokens
         for layer, attn_1HTT in enumerate(out.attentions):
-            mass_K = attn_1HTT[0][:, answer, start:start + K].mean((0, 1)).numpy()
-            per_tile = np.array([mass_K[tiles == t].sum() for t in range(PANELS * PANELS)])
+            per_tile = tile_mass(attn_1HTT[0][:, answer, start:start + K].mean((0, 1)).numpy(), tiles)
             wins[layer] += per_tile.argmax() == named
             share[layer] += per_tile[named] / max(per_tile.sum(), 1e-12)
     n = len(samples)
