@@ -1,7 +1,7 @@
 """scripts/hires_proxy.py, in seconds: a stage-1 arm from scratch, then an arm that keeps its
 tokenizer, tower and projector (where stage 2 starts) and trains a new decoder with a --set override; both write their
 figures and a loadable LLaVA-NeXT model; scripts/hires_reads.py and hires_attention.py --which-panel
-report on one."""
+report on one; the linear probe of hires_attention.py --panel-probe against separable and random data."""
 
 import json
 import os
@@ -10,6 +10,7 @@ import sys
 
 import torch
 
+from scripts.hires_attention import probe_accuracy
 from spec_core.reference.vlm.build import load_target
 from tests.conftest import REPO
 
@@ -50,6 +51,13 @@ def test_two_arms_share_a_tower_and_report_their_figures(tmp_path):
                              "--per-task", "12"], cwd=REPO, capture_output=True, text=True, check=True)
     found = json.loads(search.stdout.strip().splitlines()[-1])  # the content search of sign-panel questions
     assert found["questions"] > 0 and 0 <= found["right"] <= found["questions"] and found["layer"] == 0
+    probe = subprocess.run([sys.executable, "scripts/hires_attention.py", str(tmp_path / "b"), "--panel-probe",
+                            "--per-task", "30"], cwd=REPO, capture_output=True, text=True, check=True)
+    probed = json.loads(probe.stdout.strip().splitlines()[-1])  # what the focus heads' output says of the panel
+    assert probed["questions"] > 0 and probed["chance"] == round(1 / 9, 3)
+    assert set(probed["probe"]) == {"layer 0 head 0", "layer 0 head 1", "layer 1 head 0", "layer 1 head 1"}
+    assert all(set(row) == {"output", "sign_tile_part", "tile_mean", "token"} and all(0 <= v <= 1 for v in row.values())
+               for row in probed["probe"].values())
     bad = subprocess.run([sys.executable, "scripts/hires_proxy.py", "--out", str(tmp_path / "c"), "--set", "nope=1"],
                          cwd=REPO, capture_output=True, text=True)
     assert bad.returncode != 0 and "VLMTrainConfig field" in bad.stderr
@@ -57,3 +65,13 @@ def test_two_arms_share_a_tower_and_report_their_figures(tmp_path):
                            "read_loss_words=sign"], cwd=REPO, capture_output=True, text=True)
     assert typo.returncode != 0 and "read_loss_words must be one of" in typo.stderr  # before any work
     assert not (tmp_path / "d").exists()
+
+
+def test_the_panel_probe_scores_held_out_rows_against_an_oracle():
+    gen = torch.Generator().manual_seed(0)
+    y_N = torch.arange(450) % 9
+    centres_CF = torch.randn(9, 16, generator=gen) * 4
+    separable_NF = centres_CF[y_N] + torch.randn(450, 16, generator=gen) * 0.1  # the class is in the features
+    assert probe_accuracy(separable_NF, y_N, seed=0) == 1.0
+    noise_NF = torch.randn(450, 16, generator=gen)  # nothing to find: held-out accuracy near 1/9
+    assert probe_accuracy(noise_NF, y_N, seed=0) < 0.3
