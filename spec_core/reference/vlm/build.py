@@ -53,7 +53,8 @@ def task_pool(size: VLMSize, tcfg: VLMTrainConfig, samples: list[dict], processo
     if size.anyres and tcfg.pack_tasks:
         samples = hires.pack_samples(samples, tuple(tcfg.pack_tasks), tcfg.seed)
     return TaskPool.build(samples, processor, size.n_image_tokens, focus=focus, copy_words=copy_words, reads=reads,
-                          read_words=read_words_of(tcfg), copy_reads=tcfg.copy_reads)
+                          read_words=read_words_of(tcfg), copy_reads=tcfg.copy_reads,
+                          search=tcfg.search_weight > 0)
 
 
 def build_target(preset: str, out_dir: str, seed: int = 0, samples: list[dict] | None = None,

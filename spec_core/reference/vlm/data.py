@@ -214,13 +214,15 @@ class TaskPool:
     focus: dict[str, list[list[tuple[np.ndarray, np.ndarray]]]] | None = None  # task -> per example
     copy: dict[str, list[list[tuple[np.ndarray, np.ndarray]]]] | None = None   # task -> per example
     read: dict[str, list[list[tuple[int, int]]]] | None = None  # task -> per example, (position predicting a read word, its kind)
+    search: dict[str, list[list[int]]] | None = None  # task -> per example, its search positions (`search_pairs`' queries)
 
     @classmethod
     def build(cls, samples: list[dict], processor, n_image_tokens: int,
               focus: Callable[[dict], list[np.ndarray | list[np.ndarray]]] | None = None,
               copy_words: frozenset[str] | None = None,
               reads: Callable[[dict], list[dict[str, np.ndarray] | list[dict[str, np.ndarray]]]] | None = None,
-              read_words: frozenset[str] | dict[str, int] | None = None, copy_reads: bool = False) -> TaskPool:
+              read_words: frozenset[str] | dict[str, int] | None = None, copy_reads: bool = False,
+              search: bool = False) -> TaskPool:
         """`focus(sample)`: per assistant turn, the indices of the image tokens its answer reads
         (or a list of them, one per sentence: `focus_pairs`); `reads(sample)`: per turn, word ->
         the image tokens that show it, where the focus narrows to them (`read_pairs`, `sharpen`);
@@ -230,7 +232,9 @@ class TaskPool:
         its own);
         `copy_words`: the words whose repetitions from the question are taught (`copy_pairs`);
         `copy_reads` (with `copy_words` and `reads`): the copy pairs also hold each read
-        position's `search_pairs` (what its question says to look for)."""
+        position's `search_pairs` (what its question says to look for); `search` (with `copy_words`,
+        `focus` and `reads`): each example lists the queries of its `search_pairs`, which batches
+        carry as `search_BT`."""
         rows: dict[str, int] = {}
         pngs = []
         for s in samples:
@@ -242,6 +246,7 @@ class TaskPool:
         foc: dict[str, list] = {}
         cop: dict[str, list] = {}
         rd: dict[str, list] = {}
+        sr: dict[str, list] = {}
         image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
         content = content_token_ids(processor.tokenizer, copy_words) if copy_words else frozenset()
         stop_id = processor.tokenizer.convert_tokens_to_ids(".")  # the full stop, for per-sentence focus
@@ -262,13 +267,19 @@ class TaskPool:
                     rd.setdefault(s["task"], []).append(
                         [(q, k) for q in queries if (k := kind(words[q + 1])) is not None])
                 foc.setdefault(s["task"], []).append(pairs)
+            searched = search_pairs(ids, labels, words, content, shown) \
+                if copy_words and shown is not None and (copy_reads or search) else []
             if copy_words:
                 pairs = copy_pairs(ids, labels, content)
-                if copy_reads and shown is not None:
-                    pairs += search_pairs(ids, labels, words, content, shown)
+                if copy_reads:
+                    pairs += searched
                 cop.setdefault(s["task"], []).append(pairs)
+            if search and shown is not None:
+                sr.setdefault(s["task"], []).append([int(q[0]) for q, _ in searched])
+        searching = search and bool(copy_words) and focus is not None and reads is not None
         return cls(images, ex, processor.tokenizer.pad_token_id, foc if focus is not None else None,
-                   cop if copy_words else None, rd if focus is not None and reads is not None else None)
+                   cop if copy_words else None, rd if focus is not None and reads is not None else None,
+                   sr if searching else None)
 
     def batch(self, task: str, size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """A random right-padded training batch of one task."""
@@ -296,4 +307,9 @@ class TaskPool:
                 for q, k in self.read[task][j]:
                     read_BT[b, q] = k + 1
             out["read_BT"] = read_BT
+        if self.search is not None:
+            search_BT = torch.zeros((size, width), dtype=torch.bool)
+            for b, j in enumerate(js):
+                search_BT[b, self.search[task][j]] = True
+            out["search_BT"] = search_BT
         return out

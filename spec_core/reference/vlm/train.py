@@ -131,6 +131,15 @@ class VLMTrainConfig:
     # with "text" (docs/results.md, 2026-12-06 night): found 19 -> 40 of 98, right when found
     # 0.74 -> 0.55, "which panel" 13 -> 11 of 76, text VQA 0.465 -> 0.52 (200); not adopted.
     read_values_only: bool = False
+    # hires, with focus_weight, copy_weight and read_focus: the focus loss again, on the search
+    # positions alone (`data.search_pairs`' queries: an answer word read from the image that its
+    # question does not name, found by what the question says to look for - the panel's name in
+    # "which panel has the sign that says X" with read_loss_words="text"), at this weight (0 = off).
+    # Why: the focus loss is the content match itself (-log of the attention mass on the tile), but
+    # a search position is ~1% of the positions it averages over; and the linear probe of
+    # `scripts/hires_attention.py --panel-probe` found the "text" arms' values carrying the panel
+    # (0.48-0.79) where the heads' output did not (0.09-0.30): the search is what fails.
+    search_weight: float = 0.0
     # hires: the training samples of these tasks that share an image become one conversation
     # (`hires.tasks.pack_samples`, task "packed"), so the image's 172 tokens are encoded once for
     # several answers, as LLaVA's instruction data ask several questions of an image in one turn list
@@ -143,6 +152,11 @@ class VLMTrainConfig:
         if self.read_values_only and not (self.read_weight > 0 and self.read_focus):
             raise ValueError("read_values_only changes the read loss: it needs read_weight > 0 and read_focus=True, "
                              f"got read_weight={self.read_weight}, read_focus={self.read_focus}")
+        if self.search_weight > 0 and not (self.focus_weight > 0 and self.copy_weight > 0 and self.read_focus):
+            raise ValueError("search_weight focuses the search positions, found from the question's content words and "
+                             "the answer's reads: it needs focus_weight > 0, copy_weight > 0 and read_focus=True, got "
+                             f"focus_weight={self.focus_weight}, copy_weight={self.copy_weight}, "
+                             f"read_focus={self.read_focus}")
         if self.read_loss_words not in (*READ_LOSS_WORDS, "by_kind"):
             raise ValueError(f"read_loss_words must be one of {sorted([*READ_LOSS_WORDS, 'by_kind'])}, "
                              f"got {self.read_loss_words!r}")
@@ -363,6 +377,8 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
     c_head = min(cfg.focus_heads, model.config.text_config.num_attention_heads - 1)
     layers = sorted(set(f_layers) | set(c_layers))  # `out.attentions` holds these, in this order
     reading = focus and cfg.read_weight > 0 and pool.read is not None
+    searching = focus and cfg.search_weight > 0 and pool.search is not None
+    recent_search: list[float] = []
     read_heads = read_heads_of(cfg)
     recent_read: list[float] = []
     t0 = time.perf_counter()
@@ -379,12 +395,18 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
             focus_BTT = batch.pop("focus_BTT", None)
             copy_BTT = batch.pop("copy_BTT", None)
             read_BT = batch.pop("read_BT", None)
+            search_BT = batch.pop("search_BT", None)
             out = model(**batch, output_attentions=bool(layers))
             loss = out.loss
             if focus:
-                f = focus_loss([out.attentions[layers.index(i)] for i in f_layers], focus_BTT, cfg.focus_heads)
+                f_attn = [out.attentions[layers.index(i)] for i in f_layers]
+                f = focus_loss(f_attn, focus_BTT, cfg.focus_heads)
                 loss = loss + cfg.focus_weight * f
                 recent_focus = (recent_focus + [f.item()])[-50:]
+                if searching and bool(search_BT.any()):
+                    sf = focus_loss(f_attn, focus_BTT & search_BT[:, :, None], cfg.focus_heads)
+                    loss = loss + cfg.search_weight * sf
+                    recent_search = (recent_search + [sf.item()])[-50:]
             if copying:
                 c = focus_loss([out.attentions[layers.index(i)] for i in c_layers], copy_BTT, 1, first=c_head)
                 loss = loss + cfg.copy_weight * c
@@ -406,6 +428,7 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
                 extra = f" focus {np.mean(recent_focus):.3f}" if recent_focus else ""
                 extra += f" copy {np.mean(recent_copy):.3f}" if recent_copy else ""
                 extra += f" read {np.mean(recent_read):.3f}" if recent_read else ""
+                extra += f" search {np.mean(recent_search):.3f}" if recent_search else ""
                 log(f"vlm step {step} task {task} loss {np.mean(recent):.3f} answer-token acc {acc:.3f}{extra}")
     model.eval()
     out = {"vlm_train_seconds": round(time.perf_counter() - t0, 1),
@@ -416,4 +439,6 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
         out["vlm_final_copy_loss"] = round(float(np.mean(recent_copy)), 4)
     if recent_read:
         out["vlm_final_read_loss"] = round(float(np.mean(recent_read)), 4)
+    if recent_search:
+        out["vlm_final_search_loss"] = round(float(np.mean(recent_search)), 4)
     return out
