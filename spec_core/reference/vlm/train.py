@@ -138,7 +138,10 @@ class VLMTrainConfig:
     # Why: the focus loss is the content match itself (-log of the attention mass on the tile), but
     # a search position is ~1% of the positions it averages over; and the linear probe of
     # `scripts/hires_attention.py --panel-probe` found the "text" arms' values carrying the panel
-    # (0.48-0.79) where the heads' output did not (0.09-0.30): the search is what fails.
+    # (0.48-0.79) where the heads' output did not (0.09-0.30): the search is what fails. Measured on
+    # the proxy with "text" (docs/results.md, 2026-12-06 late night), weights 1 / 3 / 10: the tile
+    # found 19 -> 40 / 37 / 41 of 98, "which panel" 13 -> 13 / 9 / 10 of 76, general VQA 0.25 -> 0.15
+    # / 0.12 / 0.08 (the rest of the focus gives way: focus loss 0.18 -> 0.52-0.91); not adopted.
     search_weight: float = 0.0
     # hires: the training samples of these tasks that share an image become one conversation
     # (`hires.tasks.pack_samples`, task "packed"), so the image's 172 tokens are encoded once for
