@@ -45,7 +45,7 @@ from spec_core.reference.hires.mosaic import PANELS, mosaic_from_json  # noqa: E
 from spec_core.reference.vlm.build import load_target  # noqa: E402
 from spec_core.reference.vlm.data import answer_runs, decode_png, encode_conversation  # noqa: E402
 from spec_core.reference.vlm.model import image_inputs  # noqa: E402
-from spec_core.reference.vlm.train import TRAIN_PRESETS, focus_layers  # noqa: E402
+from spec_core.reference.vlm.train import TRAIN_PRESETS, HeadOutputs, focus_layers  # noqa: E402
 
 
 def attend(model, proc, s: dict, tiles: np.ndarray) -> tuple[list[int], list[int], object, int]:
@@ -121,17 +121,14 @@ def panel_probe(model, proc, tiles: np.ndarray, per_task: int, seed: int) -> dic
     E = cfg.hidden_size // n_heads
     heads = [(layer, h) for layer in focus_layers(cfg.num_hidden_layers, TRAIN_PRESETS["hires"].focus_layers)
              for h in range(TRAIN_PRESETS["hires"].focus_heads)]
-    values: dict[int, torch.Tensor] = {}
-    hooks = [model.model.language_model.layers[layer].self_attn.v_proj.register_forward_hook(
-        lambda _m, _i, out, layer=layer: values.__setitem__(layer, out[0].detach()))
-        for layer in {layer for layer, _ in heads}]
     kinds = ("output", "sign_tile_part", "tile_mean", "token")
     feats = {(kind, lh): [] for kind in kinds for lh in heads}
     panels, right = [], []
     for s in sign_panel_questions(per_task, seed):
         _, regions = mosaic_from_json(s["scene_json"])
         panel = regions[0][0]
-        ids, labels, out, start = attend(model, proc, s, tiles)
+        with HeadOutputs(model, sorted({layer for layer, _ in heads}), values=True) as captured:
+            ids, labels, out, start = attend(model, proc, s, tiles)
         q = panel_position(proc, ids, labels)
         tile_T = torch.zeros(len(ids), dtype=torch.bool)
         tile_T[start + np.flatnonzero(tiles == panel)] = True
@@ -140,7 +137,7 @@ def panel_probe(model, proc, tiles: np.ndarray, per_task: int, seed: int) -> dic
         token = start + cells[len(panels) // (PANELS * PANELS) % len(cells)]
         for layer, h in heads:
             kv = h // (n_heads // n_kv)
-            v_TE = values[layer][:, kv * E:(kv + 1) * E]
+            v_TE = captured.values[layer][0, :, kv * E:(kv + 1) * E]
             a_T = out.attentions[layer][0, h, q]
             feats["output", (layer, h)].append(a_T @ v_TE)
             feats["sign_tile_part", (layer, h)].append((a_T * tile_T) @ v_TE)
@@ -148,8 +145,6 @@ def panel_probe(model, proc, tiles: np.ndarray, per_task: int, seed: int) -> dic
             feats["token", (layer, h)].append(v_TE[token])
         panels.append(panel)
         right.append(out.logits[0, q].argmax().item() == ids[q + 1])
-    for hook in hooks:
-        hook.remove()
     y_N = torch.tensor(panels)
     y_token = torch.arange(len(panels)) % (PANELS * PANELS)
     probes = {f"layer {layer} head {h}": {kind: probe_accuracy(torch.stack(feats[kind, (layer, h)]),

@@ -250,6 +250,7 @@ class TaskPool:
         image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
         content = content_token_ids(processor.tokenizer, copy_words) if copy_words else frozenset()
         stop_id = processor.tokenizer.convert_tokens_to_ids(".")  # the full stop, for per-sentence focus
+        searching = search and bool(copy_words) and focus is not None and reads is not None
         # a read word's kind (None: not a read position of the read loss)
         kind = read_words.get if isinstance(read_words, dict) else (
             lambda w: 0 if read_words is None or w in read_words else None)
@@ -268,15 +269,14 @@ class TaskPool:
                         [(q, k) for q in queries if (k := kind(words[q + 1])) is not None])
                 foc.setdefault(s["task"], []).append(pairs)
             searched = search_pairs(ids, labels, words, content, shown) \
-                if copy_words and shown is not None and (copy_reads or search) else []
+                if copy_words and shown is not None and (copy_reads or searching) else []
             if copy_words:
                 pairs = copy_pairs(ids, labels, content)
                 if copy_reads:
                     pairs += searched
                 cop.setdefault(s["task"], []).append(pairs)
-            if search and shown is not None:
+            if searching:
                 sr.setdefault(s["task"], []).append([int(q[0]) for q, _ in searched])
-        searching = search and bool(copy_words) and focus is not None and reads is not None
         return cls(images, ex, processor.tokenizer.pad_token_id, foc if focus is not None else None,
                    cop if copy_words else None, rd if focus is not None and reads is not None else None,
                    sr if searching else None)
