@@ -8,7 +8,8 @@
 temperature, top_k, top_p (HF semantics), eos_token_id (default: the target's generation config),
 seed or generator, and for the tree width / depth / budget (EAGLE-2 defaults 6 / 6 / 40) and
 step_tokens (a cap on tokens verified per step, `TreeConfig.for_batch`); visual_correction and
-correction_depth (None: as the drafter was trained) for how drafts are scored.
+correction_depth (None: as the drafter was trained) for how drafts are scored; compile (True:
+fixed-shape steps under torch.compile, `decoding.compiled`; the output is the same).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def _engine(target_model, drafter, inputs, max_new_tokens, options) -> DecodeEng
     sampling = SamplingConfig(**{k: opts.pop(k) for k in ("do_sample", "temperature", "top_k", "top_p") if k in opts})
     tree = TreeConfig(**{k: opts.pop(k) for k in ("width", "depth", "budget", "step_tokens", "policy") if k in opts})
     drafting = {k: opts.pop(k) for k in ("visual_correction", "correction_depth") if k in opts}
+    compile = bool(opts.pop("compile", False))
     eos = _eos_ids(adapter.model, opts.pop("eos_token_id", None))
     gen = opts.pop("generator", None)
     if "seed" in opts:
@@ -62,9 +64,9 @@ def _engine(target_model, drafter, inputs, max_new_tokens, options) -> DecodeEng
     if opts:
         raise ValueError(f"unknown generate options: {sorted(opts)}")
     T = torch.as_tensor(inputs["input_ids"]).shape[-1]
-    capacity = T + max_new_tokens + step_scratch(tree, drafter is not None) + 1
+    capacity = T + max_new_tokens + step_scratch(tree, drafter is not None, compile) + 1
     return DecodeEngine(adapter, drafter, batch_size=1, capacity=capacity, tree=tree, sampling=sampling,
-                        eos_token_ids=eos, generator=gen, **drafting)
+                        eos_token_ids=eos, generator=gen, compile=compile, **drafting)
 
 
 def speculative_generate(target_model, drafter, inputs, max_new_tokens: int, **options) -> GenerateOutput:

@@ -12,6 +12,10 @@ Writes and moves go through one flat row index per forward (`index_copy_` on a (
 built once and shared by every layer) rather than an advanced-index scatter per layer. The
 buffers start at what the first forward needs and double when a plan reads past them, up to
 `capacity` (an engine sized for long answers does not zero-fill memory short ones never use).
+A `static` cache (compiled steps, `decoding.compiled`) allocates the whole capacity at once and
+marks its buffers as static addresses (their address never changes, so CUDA graphs replay them);
+inside a compiled step `plan_step` takes the write slots as a device tensor and the keys read as
+a bucket, with no host check.
 
 Shapes: B slots, H kv heads, L allocated slots (<= capacity), hd head dim, S new tokens per row,
 K keys read, A moved entries per row.
@@ -40,7 +44,8 @@ class _Plan:
     `alloc`: slots per row allocated in every layer; `flat`: the write index for (heads, alloc),
     built by the first layer that writes and reused by the others."""
 
-    def __init__(self):
+    def __init__(self, static: bool = False):
+        self.static = static
         self.write_BS: torch.Tensor | None = None
         self.kv_len = 0
         self.start: int | None = None
@@ -69,6 +74,9 @@ class RaggedLayer(CacheLayerMixin):
         L = max(self.plan.alloc, 1)
         self.keys = torch.zeros(B, H, L, hd, dtype=key_states.dtype, device=self.device)
         self.values = torch.zeros(B, H, L, value_states.shape[-1], dtype=value_states.dtype, device=self.device)
+        if self.plan.static:  # compiled steps mutate these in place: one address for the cache's life
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
         self.is_initialized = True
 
     def grow(self, length: int) -> None:
@@ -109,12 +117,15 @@ class RaggedLayer(CacheLayerMixin):
 
 
 class RaggedCache(Cache):
-    """KV buffers for `batch` rows of up to `capacity` tokens, `num_layers` attention layers."""
+    """KV buffers for `batch` rows of up to `capacity` tokens, `num_layers` attention layers;
+    `static`: the whole capacity allocated at the first write, at one address (compiled steps)."""
 
-    def __init__(self, batch: int, capacity: int, num_layers: int):
-        self._plan = _Plan()
+    def __init__(self, batch: int, capacity: int, num_layers: int, static: bool = False):
+        self._plan = _Plan(static)
         super().__init__(layers=[RaggedLayer(batch, capacity, self._plan) for _ in range(num_layers)])
         self.batch, self.capacity = batch, capacity
+        if static:
+            self._plan.alloc = capacity
 
     def _reserve(self, n: int) -> None:
         """At least n slots per row allocated (doubling, at most capacity)."""
@@ -135,6 +146,14 @@ class RaggedCache(Cache):
             raise ValueError(f"cache capacity {self.capacity} exceeded (write at {kv_len - 1})")
         self._reserve(kv_len)
         self._plan.write_BS, self._plan.kv_len, self._plan.start, self._plan.flat = write_BS, kv_len, start, None
+
+    def plan_step(self, write_BS: torch.Tensor, kv_len) -> None:
+        """Inside a compiled step of a static cache: the forward writes row b's S tokens at slots
+        write_BS[b] (a device tensor) and reads keys [0, kv_len) (a bucket, possibly symbolic).
+        No check and no host read: the caller sized kv_len on the host."""
+        assert self._plan.static, "plan_step needs a static cache"
+        p = self._plan
+        p.write_BS, p.kv_len, p.start, p.flat = write_BS, kv_len, None, None
 
     def load(self, row: int, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Put one sample's prefix KV (per layer (1, H, n, hd) pairs, e.g. from a DynamicCache after

@@ -41,19 +41,21 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from spec_core.decoding.cache import RaggedCache, dynamic_cache_kv
+from spec_core.decoding.compiled import Step, key_bucket, mark_keys, target_forward, token_bucket
 from spec_core.decoding.draft import draft_tree
 from spec_core.decoding.goodput import GoodputPolicy
 from spec_core.decoding.medusa_draft import medusa_tree
 from spec_core.decoding.padding import pad_batch, pad_id_for
 from spec_core.decoding.proposers.paths import Proposer, propose_batch
 from spec_core.decoding.sampling import SamplingConfig, choose_tokens
-from spec_core.decoding.tree import DraftTree, TreeConfig, drop_rows, empty_tree, prefix_and_new_mask, walk
+from spec_core.decoding.tree import DraftTree, TreeConfig, drop_rows, empty_tree, pad_tree, prefix_and_new_mask, walk
 from spec_core.decoding.visual_share import VisualShareProbe, visual_share
 from spec_core.fovea.correction import VisualMemory
 from spec_core.fovea.unroll import image_ranks
@@ -102,9 +104,11 @@ class _Slot:
     shares: list[float] = field(default_factory=list)
 
 
-def step_scratch(tree: TreeConfig, speculative: bool) -> int:
-    """Cache slots past a row's length that one step may write (root + nodes, drafter frontier)."""
-    return max(1 + tree.budget, (tree.depth - 1) * tree.width, tree.depth + 1) if speculative else 1
+def step_scratch(tree: TreeConfig, speculative: bool, compiled: bool = False) -> int:
+    """Cache slots past a row's length that one step may write (root + nodes - padded up to their
+    token bucket when compiled -, drafter frontier)."""
+    verify = token_bucket(1 + tree.budget) if compiled and speculative else 1 + tree.budget
+    return max(verify, (tree.depth - 1) * tree.width, tree.depth + 1) if speculative else 1
 
 
 class DecodeEngine:
@@ -116,9 +120,12 @@ class DecodeEngine:
                  eos_token_ids: Iterable[int] = (), generator: torch.Generator | None = None,
                  visual_correction: bool = True, correction_depth: int | None = None,
                  proposer: Callable[[], Proposer] | None = None, viskip: float | None = None,
-                 track_visual: bool = False, visual_reduce: str = "sum", defer_drafter: bool = True):
+                 track_visual: bool = False, visual_reduce: str = "sum", defer_drafter: bool = True,
+                 compile: bool = False):
         if drafter is not None and proposer is not None:
             raise ValueError("a drafter or a proposer, not both")
+        if compile and (viskip is not None or track_visual):
+            raise ValueError("ViSkip and visual tracking re-run attention in a hook: they decode with compile=False")
         if visual_reduce not in ("sum", "max"):
             raise ValueError(f"visual_reduce must be 'sum' or 'max', got {visual_reduce!r}")
         self.adapter, self.drafter = adapter, drafter
@@ -144,8 +151,12 @@ class DecodeEngine:
         dev = adapter.model.device
         self.device = dev
         n_target = adapter.num_layers
-        self.tcache = RaggedCache(batch_size, capacity, n_target)
-        self.dcache = RaggedCache(batch_size, capacity, len(drafter.layers)) if feature_drafter else None
+        # compile: fixed-shape steps over static caches (decoding.compiled); the same steps run eagerly without
+        self.compile = compile
+        self.tcache = RaggedCache(batch_size, capacity, n_target, static=compile)
+        self.dcache = RaggedCache(batch_size, capacity, len(drafter.layers), static=compile) if feature_drafter else None
+        self._keys_C = torch.arange(capacity, device=dev)  # key indices; a step reads a bucket of them
+        self._target_step = Step(partial(target_forward, adapter, self.tcache), compile, dev)
         # keys of the drafter cache later queries may read (a compressed visual context masks some)
         self.dkeep_BC = (torch.ones(batch_size, capacity, dtype=torch.bool, device=dev)
                          if feature_drafter and drafter.compressor is not None else None)
@@ -195,7 +206,7 @@ class DecodeEngine:
             self.probe.close()
 
     def scratch(self) -> int:
-        return step_scratch(self.tree_cfg, self.drafter is not None or self.new_proposer is not None)
+        return step_scratch(self.tree_cfg, self.drafter is not None or self.new_proposer is not None, self.compile)
 
     def state_bytes(self) -> int:
         """Memory decoding holds besides the target: caches, visual memories, drafter weights."""
@@ -343,10 +354,15 @@ class DecodeEngine:
 
     @torch.no_grad()
     def _verify(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target forward over [root, nodes] -> (final hidden (B, M, D), logits (B, M, V))."""
+        """Target forward over [root, nodes] -> (final hidden (B, M, D), logits (B, M, V)).
+        Compiled: M is a token bucket (the tree arrives padded) and the keys read a bucket."""
         ids_BM = torch.cat([self.root_B[:, None], tree.tokens_BN], 1)
         M = ids_BM.shape[1]
         depth_BM = torch.cat([torch.zeros_like(self.root_B[:, None]), tree.depth_BN], 1)
+        if self.compile:
+            K = key_bucket(max(L for L, s in zip(self.len_host, self.slots) if s is not None) + M, self.capacity)
+            return self._target_step(("target", M, K), ids_BM, depth_BM, self.tpos_B, self.len_B, tree.anc_BMM,
+                                     mark_keys(self._keys_C[:K]), self.mrope)
         start = self._uniform_start()
         if M == 1 and start is not None:  # AR, every row at one length: each query sees every key
             attend, kv_len = None, start + 1
@@ -414,7 +430,7 @@ class DecodeEngine:
         t0 = time.perf_counter()
         tree, depth = self._plan_and_draft(active, active_B)
         t_drafted = self._lap("draft", t0)
-        hidden_BMD, path_BD, n_B, rows = self._verify_and_walk(tree, active)
+        tree, hidden_BMD, path_BD, n_B, rows = self._verify_and_walk(tree, active)
         t_verified = self._lap("verify", t_drafted)
         finished = self._commit(active, rows, hidden_BMD)
         t_committed = self._lap("commit", t_verified)
@@ -439,11 +455,13 @@ class DecodeEngine:
             tree = self.policy.choose(tree, active_B, self.B)
         return tree, depth
 
-    def _verify_and_walk(self, tree: DraftTree, active: list[bool]) -> tuple[torch.Tensor, torch.Tensor,
+    def _verify_and_walk(self, tree: DraftTree, active: list[bool]) -> tuple[DraftTree, torch.Tensor, torch.Tensor,
                                                                               torch.Tensor, list[tuple]]:
-        """The target's forward over roots and nodes, its token at each, the accepted path per
-        slot, and the step's one device -> host transfer: per slot (accepted count, path, target
-        tokens, draft tokens)."""
+        """The target's forward over roots and nodes (compiled: the tree padded up to its token
+        bucket, returned), its token at each, the accepted path per slot, and the step's one
+        device -> host transfer: per slot (accepted count, path, target tokens, draft tokens)."""
+        if self.compile:
+            tree = pad_tree(tree, token_bucket(1 + tree.size) - 1)
         if self.probe is not None:
             self.probe.armed = True
         hidden_BMD, logits_BMV = self._verify(tree)
@@ -467,7 +485,7 @@ class DecodeEngine:
         rows = [(r[0], r[1: 1 + D], r[1 + D: 1 + D + M], r[1 + D + M: D + 2 * M]) for r in host]
         if learning:
             self._observe(logits_BMV, active, rows, [r[D + 2 * M:] for r in host])
-        return hidden_BMD, path_BD, n_B, rows
+        return tree, hidden_BMD, path_BD, n_B, rows
 
     def _track_last_node(self, path_BD: torch.Tensor, n_B: torch.Tensor, hidden_BMD: torch.Tensor) -> None:
         """State of the last accepted node (the root when none), which produced the next root:

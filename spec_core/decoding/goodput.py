@@ -824,7 +824,7 @@ class GoodputPolicy:
         accepted_BM = np.zeros((real_BN.shape[0], tree.size + 1), dtype=bool)
         b_I, d_I = np.nonzero(on_path_BD)
         accepted_BM[b_I, path[b_I, d_I]] = True
-        accepted_BN = accepted_BM[:, 1:]
+        accepted_BN = accepted_BM[:, 1: real_BN.shape[1] + 1]  # a compiled step's pads past the chosen nodes
         if p_BN is not None:
             self.predicted += float(p_BN[real_BN].sum())
             self.accepted += float(accepted_BN[real_BN].sum())

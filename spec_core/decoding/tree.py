@@ -119,6 +119,23 @@ def empty_tree(batch: int, device=None) -> DraftTree:
     return DraftTree(z, z, z, torch.ones(batch, 1, 1, dtype=torch.bool, device=device))
 
 
+def pad_tree(tree: DraftTree, n: int) -> DraftTree:
+    """The tree with pads appended up to n nodes per row (a compiled step's token bucket): a pad
+    is its own parent, at depth 1, and sees only itself - never reached by `walk`."""
+    B, N = tree.tokens_BN.shape
+    if n <= N:
+        return tree
+    dev = tree.tokens_BN.device
+    own_BP = torch.arange(N + 1, n + 1, device=dev).expand(B, n - N)   # P = n - N pads
+    anc_BMM = torch.zeros(B, n + 1, n + 1, dtype=torch.bool, device=dev)
+    anc_BMM[:, : N + 1, : N + 1] = tree.anc_BMM
+    anc_BMM[:, N + 1:, N + 1:] = torch.eye(n - N, dtype=torch.bool, device=dev)
+    score = None if tree.score_BN is None else torch.cat(
+        [tree.score_BN, tree.score_BN.new_full((B, n - N), -torch.inf)], 1)
+    return DraftTree(torch.cat([tree.tokens_BN, torch.zeros_like(own_BP)], 1), torch.cat([tree.parent_BN, own_BP], 1),
+                     torch.cat([tree.depth_BN, torch.ones_like(own_BP)], 1), anc_BMM, score)
+
+
 def drop_rows(tree: DraftTree, rows_B: torch.Tensor) -> DraftTree:
     """The same tree with every node of the rows in rows_B (bool) turned into a pad: its own
     parent, depth 1, seeing only itself - never reached by `walk`, so never accepted."""

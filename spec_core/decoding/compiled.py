@@ -1,0 +1,111 @@
+"""Compiled decode steps: functions of device tensors over a small set of shapes.
+
+A step (the target's forward over [root, nodes], a drafter's depth, its catch-up) takes its
+positions, lengths, write slots and tree structure as tensors and builds its mask inside, so
+`torch.compile(fullgraph=True)` traces it once per shape and nothing in it reads the host:
+  - B, the engine's slots (inactive ones run too, masked out of everything that is kept);
+  - S, tokens per row: a bucket of TOKEN_BUCKETS (a tree is padded up to its bucket with pads,
+    `tree.pad_tree`, that are never accepted);
+  - K, keys read: `key_bucket` (a power of two >= 64, at most the capacity), a dynamic dimension:
+    one graph serves every K on a CPU, and CUDA graphs record one replay per bucket.
+On CUDA the same functions compile with mode="reduce-overhead", so a step replays as a CUDA
+graph over the static caches (`RaggedCache(static=True)` marks their buffers static). With
+compile off, the same functions run eagerly (debugging; the lossless tests run both).
+
+`Step` wraps one such function and counts what compiling cost: graphs built (dynamo's counter
+read around every call) and the seconds of each shape's first call (compile, or a CUDA graph's
+recording). A graph built for a shape already seen is a recompile - the metrics report it and a
+test fails on it.
+
+Shapes: B slots, S tokens per row, K keys read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+
+import torch
+
+from spec_core.decoding.tree import prefix_and_new_mask
+
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MIN_KEYS = 64  # the smallest key bucket
+RECOMPILE_LIMIT = 64  # graphs per step function and process (every bucket of a few engines)
+
+
+def token_bucket(n: int) -> int:
+    """The smallest token bucket holding n tokens per row."""
+    for b in TOKEN_BUCKETS:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} tokens per row in one step: more than the largest compiled bucket {TOKEN_BUCKETS[-1]}")
+
+
+def key_bucket(n: int, capacity: int) -> int:
+    """Keys a step reads when n are needed: the next power of two >= max(n, MIN_KEYS), at most
+    `capacity` (a step never reads past the cache)."""
+    return min(capacity, max(MIN_KEYS, 1 << max(n - 1, 0).bit_length()))
+
+
+def _graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+class Step:
+    """`fn` eager or compiled; each call names its shape `key` (hashable) for the accounting.
+
+    compile: torch.compile(fn, fullgraph=True), with mode="reduce-overhead" on CUDA. Engines of
+    one process share their steps' graphs where dynamo's guards allow (one code object), so the
+    recompile limit holds every bucket of several engines; past it, fullgraph raises."""
+
+    def __init__(self, fn: Callable, compile: bool, device: torch.device):
+        self.compiled = compile
+        self.device = device
+        if compile:
+            fn = torch.compile(fn, fullgraph=True, mode="reduce-overhead" if device.type == "cuda" else None,
+                               recompile_limit=RECOMPILE_LIMIT)
+        self.fn = fn
+        self.warmup_s: dict[Hashable, float] = {}  # first-call seconds per shape
+        self.graphs = 0        # graphs dynamo built for this step
+        self.recompiles = 0    # ... on calls of a shape seen before
+
+    def __call__(self, key: Hashable, *args):
+        first = key not in self.warmup_s
+        g0 = _graphs()
+        t0 = time.perf_counter() if first else 0.0
+        out = self.fn(*args)
+        built = _graphs() - g0
+        self.graphs += built
+        if first:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.warmup_s[key] = time.perf_counter() - t0
+        elif built:
+            self.recompiles += built
+        return out
+
+    def stats(self) -> dict:
+        return {"graphs": self.graphs, "recompiles": self.recompiles, "shapes": len(self.warmup_s),
+                "warmup_s": round(sum(self.warmup_s.values()), 3)}
+
+
+def mark_keys(keys_K: torch.Tensor) -> torch.Tensor:
+    """A view of the key-index range whose length is the step's K bucket, marked dynamic so that
+    one graph serves every bucket."""
+    torch._dynamo.mark_dynamic(keys_K, 0)
+    return keys_K
+
+
+def target_forward(adapter, cache, ids_BS: torch.Tensor, depth_BS: torch.Tensor, tpos_B: torch.Tensor,
+                   len_B: torch.Tensor, anc_BSS: torch.Tensor, keys_K: torch.Tensor,
+                   mrope: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's cached forward over S tokens per row (the root, then tree nodes or pads):
+    row b's token s sits at cache slot len[b] + s and position tpos[b] + depth[b, s], and sees its
+    row's committed prefix plus its own ancestry (anc). -> (final hidden (B, S, D), logits (B, S, V))."""
+    S, K = ids_BS.shape[1], keys_K.shape[0]
+    cache.plan_step(len_B[:, None] + torch.arange(S, device=ids_BS.device), K)
+    attend_BSK = prefix_and_new_mask(len_B, anc_BSS, K)
+    pos_BS = tpos_B[:, None] + depth_BS
+    hidden_BSD = adapter.decode(ids_BS, pos_BS.expand(3, -1, -1) if mrope else pos_BS, attend_BSK, cache)
+    return hidden_BSD, adapter.lm_head(hidden_BSD)
