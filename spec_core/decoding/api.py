@@ -64,7 +64,8 @@ def _engine(target_model, drafter, inputs, max_new_tokens, options) -> DecodeEng
     if opts:
         raise ValueError(f"unknown generate options: {sorted(opts)}")
     T = torch.as_tensor(inputs["input_ids"]).shape[-1]
-    capacity = T + max_new_tokens + step_scratch(tree, drafter is not None, compile) + 1
+    graphs = compile and adapter.model.device.type == "cuda"
+    capacity = T + max_new_tokens + step_scratch(tree, drafter is not None, graphs) + 1
     return DecodeEngine(adapter, drafter, batch_size=1, capacity=capacity, tree=tree, sampling=sampling,
                         eos_token_ids=eos, generator=gen, compile=compile, **drafting)
 

@@ -127,7 +127,7 @@ class RaggedCache(Cache):
         if static:
             self._plan.alloc = capacity
 
-    def _reserve(self, n: int) -> None:
+    def reserve(self, n: int) -> None:
         """At least n slots per row allocated (doubling, at most capacity)."""
         p = self._plan
         if n > p.alloc:
@@ -144,14 +144,14 @@ class RaggedCache(Cache):
             kv_len = int(write_BS.max()) + 1
         if kv_len > self.capacity:
             raise ValueError(f"cache capacity {self.capacity} exceeded (write at {kv_len - 1})")
-        self._reserve(kv_len)
+        self.reserve(kv_len)
         self._plan.write_BS, self._plan.kv_len, self._plan.start, self._plan.flat = write_BS, kv_len, start, None
 
     def plan_step(self, write_BS: torch.Tensor, kv_len) -> None:
-        """Inside a compiled step of a static cache: the forward writes row b's S tokens at slots
-        write_BS[b] (a device tensor) and reads keys [0, kv_len) (a bucket, possibly symbolic).
-        No check and no host read: the caller sized kv_len on the host."""
-        assert self._plan.static, "plan_step needs a static cache"
+        """Inside a compiled step: the forward writes row b's S tokens at slots write_BS[b] (a
+        device tensor) and reads keys [0, kv_len) (possibly symbolic). No check and no host read:
+        the caller sized kv_len on the host and reserved it (`reserve`; a static cache holds its
+        capacity)."""
         p = self._plan
         p.write_BS, p.kv_len, p.start, p.flat = write_BS, kv_len, None, None
 
@@ -161,7 +161,7 @@ class RaggedCache(Cache):
         n = keys_values[0][0].shape[-2] if keys_values else 0
         if n > self.capacity:
             raise ValueError(f"a prefix of {n} tokens does not fit the cache capacity {self.capacity}")
-        self._reserve(n)
+        self.reserve(n)
         for layer, (k, v) in zip(self.layers, keys_values):
             if not layer.is_initialized:
                 shape = (self.batch, k.shape[1], 1, k.shape[-1])

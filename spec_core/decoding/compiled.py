@@ -2,15 +2,18 @@
 
 A step (the target's forward over [root, nodes], a drafter's depth, its catch-up) takes its
 positions, lengths, write slots and tree structure as tensors and builds its mask inside, so
-`torch.compile(fullgraph=True)` traces it once per shape and nothing in it reads the host:
-  - B, the engine's slots (inactive ones run too, masked out of everything that is kept);
-  - S, tokens per row: a bucket of TOKEN_BUCKETS (a tree is padded up to its bucket with pads,
-    `tree.pad_tree`, that are never accepted);
-  - K, keys read: `key_bucket` (a power of two >= 64, at most the capacity), a dynamic dimension:
-    one graph serves every K on a CPU, and CUDA graphs record one replay per bucket.
-On CUDA the same functions compile with mode="reduce-overhead", so a step replays as a CUDA
-graph over the static caches (`RaggedCache(static=True)` marks their buffers static). With
-compile off, the same functions run eagerly (debugging; the lossless tests run both).
+`torch.compile(fullgraph=True)` traces it without a graph break and nothing in it reads the host.
+Its shapes: B, the engine's slots (inactive ones run too; nothing they produce is kept); S, tokens
+per row; K, keys read. S and K are dynamic dimensions (K marked so, S and B by dynamo's automatic
+dynamic shapes after their first change), so on a CPU one graph serves every size - with S = 1
+(AR) and B = 1 specialised, at most four graphs per step function in a process, shared by its
+engines where dynamo's guards allow.
+On CUDA the same functions compile with mode="reduce-overhead": each distinct shape is then a
+CUDA graph recorded on its first call, so sizes are rounded up to a few (`Buckets`): S to a
+power of two (a tree padded with pads, `tree.pad_tree`, never accepted), K to a power of two
+>= 64 - as SGLang pads a batch to its next captured size. Caches are `RaggedCache(static=True)`,
+their buffers marked static addresses. With compile off, the same functions run eagerly
+(debugging; the lossless tests run both).
 
 `Step` wraps one such function and counts what compiling cost: graphs built (dynamo's counter
 read around every call) and the seconds of each shape's first call (compile, or a CUDA graph's
@@ -24,28 +27,43 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 
 import torch
 
 from spec_core.decoding.tree import prefix_and_new_mask
 
-TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-MIN_KEYS = 64  # the smallest key bucket
-RECOMPILE_LIMIT = 64  # graphs per step function and process (every bucket of a few engines)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # tokens per row of a CUDA-graph step
+MIN_KEYS = 64  # the smallest key bucket of a CUDA-graph step
+RECOMPILE_LIMIT = 64  # graphs per step function and process; past it fullgraph raises
 
 
-def token_bucket(n: int) -> int:
-    """The smallest token bucket holding n tokens per row."""
-    for b in TOKEN_BUCKETS:
-        if n <= b:
-            return b
-    raise ValueError(f"{n} tokens per row in one step: more than the largest compiled bucket {TOKEN_BUCKETS[-1]}")
+@dataclass(frozen=True)
+class Buckets:
+    """Sizes a compiled step runs at. graphs (CUDA graphs: one replay per shape): S and K rounded
+    up to a power of two (K >= MIN_KEYS); else (a CPU, or eager) the sizes themselves."""
 
+    graphs: bool = False
 
-def key_bucket(n: int, capacity: int) -> int:
-    """Keys a step reads when n are needed: the next power of two >= max(n, MIN_KEYS), at most
-    `capacity` (a step never reads past the cache)."""
-    return min(capacity, max(MIN_KEYS, 1 << max(n - 1, 0).bit_length()))
+    def tokens(self, n: int) -> int:
+        """Tokens per row a step of n runs (n <= TOKEN_BUCKETS[-1] with graphs)."""
+        if not self.graphs:
+            return n
+        for b in TOKEN_BUCKETS:
+            if n <= b:
+                return b
+        raise ValueError(f"{n} tokens per row in one step: more than the largest CUDA-graph bucket {TOKEN_BUCKETS[-1]}")
+
+    def keys(self, n: int, capacity: int) -> int:
+        """Keys a step reads when n are needed (at most `capacity`)."""
+        if not self.graphs:
+            return n
+        return min(capacity, max(MIN_KEYS, 1 << max(n - 1, 0).bit_length()))
+
+    def shape(self, kind: str, *sizes: int) -> tuple:
+        """What names a step's compiled shape: with graphs each size (a replay each), else only
+        whether each is 1 (dynamo specialises sizes 0 and 1; the rest share one graph)."""
+        return (kind, *(sizes if self.graphs else (min(n, 2) for n in sizes)))
 
 
 def _graphs() -> int:
@@ -91,8 +109,8 @@ class Step:
 
 
 def mark_keys(keys_K: torch.Tensor) -> torch.Tensor:
-    """A view of the key-index range whose length is the step's K bucket, marked dynamic so that
-    one graph serves every bucket."""
+    """A view of the key-index range whose length is the step's K, marked dynamic so that one
+    graph serves every K."""
     torch._dynamo.mark_dynamic(keys_K, 0)
     return keys_K
 

@@ -7,40 +7,56 @@ parent state (uncorrected, or h_hat with `feedback: corrected`)], position = roo
 (as in training, `fovea.unroll`), attending to the committed drafter cache plus the node's own
 ancestors - and each proposes `width` children, scored with the corrected state when d <=
 correction_depth. The `budget` best of all candidates become the tree. Frontier KV entries are
-written past the longest row's committed length (scratch slots shared by every row) and never
-committed: after verification the drafter re-reads the accepted tokens with the target's own
-features.
+written past each row's committed length, at len + (d - 1) W + j, and never committed: after
+verification the drafter re-reads the accepted tokens with the target's own features.
 
-Shapes: B batch, W width, D hidden, V vocabulary, C candidates, K keys.
+One depth is one fixed-shape function of tensors (`draft_depth`, a compiled step in
+`decoding.compiled`): the depth d enters as a tensor and the frontier's ancestry is kept over all
+(D - 1) W scratch slots of the draft, so every depth of a draft has the same shapes and one graph
+serves them all (one more where the depth is corrected).
+
+Shapes: B batch, W width, D hidden, V vocabulary, C candidates, K keys, X = (depth - 1) W
+scratch slots.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 
 from spec_core.decoding.cache import RaggedCache
-from spec_core.decoding.tree import DraftTree, TreeConfig, select_tree
+from spec_core.decoding.tree import DraftTree, TreeConfig, prefix_and_new_mask, select_tree
 from spec_core.fovea.correction import VisualMemory
 from spec_core.fovea.drafter import FoveaDrafter
-from spec_core.targets.base import additive_mask
 
 # Child log-probabilities are capped just below 0 so that scores fall strictly along a path
 # (keeps the top-`budget` set ancestor-closed even when a draft is certain).
 _MAX_LOGP = -1e-9
 
 
-def _top_children(drafter: FoveaDrafter, h_BWD: torch.Tensor, depth: int, mem: VisualMemory | None,
-                  correction_depth: int | None, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+class Frontier(NamedTuple):
+    """The `width` best nodes of the last expanded depth of every row."""
+
+    tok_BW: torch.Tensor       # their tokens
+    score_BW: torch.Tensor     # cumulative draft log-probability (float64)
+    idx_BW: torch.Tensor       # candidate index
+    fed_BWD: torch.Tensor      # the parent state each feeds the drafter with
+    anc_BWX: torch.Tensor      # bool: which scratch slots hold their ancestors
+
+
+def _top_children(drafter: FoveaDrafter, h_BWD: torch.Tensor, depth_BW: torch.Tensor, corrected: bool,
+                  mem: VisualMemory | None, correction_depth: int | None,
+                  width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The `width` best next tokens of each state and their log-probabilities (float64, capped):
     the top of the logits less their log-sum-exp - the log-softmax's order, and its values up to
-    float32 rounding, without building (and widening) one over the vocabulary per row. States deeper than the
-    correction depth are scored as they are (what `correct` passes through), without a call.
-    Also returns the state the next depth reads (h_hat with `feedback: corrected`, else h)."""
+    float32 rounding, without building (and widening) one over the vocabulary per row. States deeper
+    than the correction depth (`corrected` False) are scored as they are (what `correct` passes
+    through), without a call. Also returns the state the next depth reads (h_hat with `feedback:
+    corrected`, else h)."""
     h_in_BWD = h_BWD
-    corr = drafter.correction
-    if mem is not None and corr is not None and depth <= (
-            corr.cfg.correction_depth if correction_depth is None else correction_depth):
-        depth_BW = torch.full(h_BWD.shape[:2], depth, dtype=torch.long, device=h_BWD.device)
+    if corrected:
         h_BWD = drafter.correct(h_BWD, depth_BW, mem, correction_depth).hidden_BSD
     logits_BWV = drafter.logits(h_BWD).float()
     top_BWK, tok_BWK = logits_BWV.topk(width, dim=-1)
@@ -49,62 +65,107 @@ def _top_children(drafter: FoveaDrafter, h_BWD: torch.Tensor, depth: int, mem: V
     return (top_BWK.double() - lse_BW1.double()).clamp_max(_MAX_LOGP), tok_BWK, fed_BWD
 
 
+def corrects(drafter: FoveaDrafter, mem: VisualMemory | None, depth: int, correction_depth: int | None) -> bool:
+    """Whether states at draft depth `depth` are scored corrected."""
+    corr = drafter.correction
+    return mem is not None and corr is not None and depth <= (
+        corr.cfg.correction_depth if correction_depth is None else correction_depth)
+
+
+def draft_root(drafter: FoveaDrafter, root_h_BD: torch.Tensor, mem: VisualMemory | None, corrected: bool,
+               correction_depth: int | None, width: int, slots: int) -> Frontier:
+    """Depth 0: the root's `width` best children, the first frontier (candidates 0..W-1, no
+    ancestor among the `slots` scratch slots)."""
+    B, dev = root_h_BD.shape[0], root_h_BD.device
+    zero_B1 = torch.zeros(B, 1, dtype=torch.long, device=dev)
+    score, tok, fed = (x[:, 0] for x in _top_children(drafter, root_h_BD[:, None], zero_B1, corrected, mem,
+                                                       correction_depth, width))
+    return Frontier(tok, score, torch.arange(width, device=dev).expand(B, width),
+                    fed[:, None].expand(B, width, fed.shape[-1]), torch.zeros(B, width, slots, dtype=torch.bool, device=dev))
+
+
+def draft_depth(drafter: FoveaDrafter, cache: RaggedCache, mem: VisualMemory | None, corrected: bool,
+                correction_depth: int | None, front: Frontier, d: torch.Tensor, len_B: torch.Tensor,
+                keep_BC: torch.Tensor | None, keys_K: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Frontier]:
+    """Depth d (a 0-dim tensor, >= 1): run the frontier through the drafter, score its children.
+    -> (children's tokens (B, W*W), their scores (B, W*W), the next frontier: the W best children).
+    Frontier node j writes scratch slot (d - 1) W + j of its row; it sees its row's committed keys
+    (those keep_BC allows) and its ancestors' and its own scratch slots."""
+    B, W = front.tok_BW.shape
+    X, dev = front.anc_BWX.shape[-1], front.tok_BW.device
+    K = keys_K.shape[0]
+    slot_W = (d - 1) * W + torch.arange(W, device=dev)                       # each node's scratch slot
+    anc_BWX = front.anc_BWX | (torch.arange(X, device=dev) == slot_W[:, None])  # ancestors and itself
+    attend_BWK = prefix_and_new_mask(len_B, anc_BWX, K)
+    if keep_BC is not None:  # the prompt's keys a compressed context masks (keep is True past the prompt)
+        attend_BWK = attend_BWK & keep_BC[:, None, :K]
+    cache.plan_step(len_B[:, None] + slot_W, K)
+    pos_BW = (len_B + d - 1)[:, None].expand(B, W)                          # depth d's nodes at len + d - 1
+    h_BWD, _ = drafter.blocks(drafter.input_states(front.tok_BW, front.fed_BWD), pos_BW, attend_BWK, cache)
+    child_lp, child_tok, fed_BWD = _top_children(drafter, h_BWD, d.expand(B, W), corrected, mem, correction_depth, W)
+    child_score_BC = (front.score_BW[:, :, None] + child_lp).reshape(B, W * W)  # (B, W, W) -> (B, W*W)
+    child_tok_BC = child_tok.reshape(B, W * W)
+    score_BW, pick_BW = child_score_BC.topk(W, dim=-1)
+    from_BW = pick_BW // W
+    n_cand = W + (d - 1) * W * W                                             # candidates before this depth's
+    nxt = Frontier(child_tok_BC.gather(1, pick_BW), score_BW, n_cand + pick_BW,
+                   fed_BWD.gather(1, from_BW[:, :, None].expand(B, W, h_BWD.shape[-1])),
+                   anc_BWX.gather(1, from_BW[:, :, None].expand(B, W, X)))
+    return child_tok_BC, child_score_BC, nxt
+
+
+DepthFn = Callable[..., tuple[torch.Tensor, torch.Tensor, Frontier]]
+
+
 @torch.no_grad()
 def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tensor, len_B: torch.Tensor,
                mem: VisualMemory | None, cfg: TreeConfig, correction_depth: int | None = None,
-               keep_BC: torch.Tensor | None = None) -> DraftTree:
+               keep_BC: torch.Tensor | None = None, *, kv_len: int | None = None,
+               depth_fn: DepthFn | None = None) -> DraftTree:
     """keep_BC: which cached keys the nodes may read (None: every committed one).
 
-    Every row writes its frontiers to the same scratch slots, past the longest row (base + (d - 1)
-    W + j at depth d): the cache write is one slice, and a node's mask is its row's committed
-    prefix (built once per draft) followed by its ancestry among the frontiers - the keys a node
-    reads are the same as at its own row's end; positions stay per row. The rotary embedding of
-    every depth's positions is computed once as well: at batch 4 a depth was ~100 small tensor
-    operations, most of them this bookkeeping, next to one drafter block."""
+    kv_len: keys a depth reads (>= the longest row + (depth - 1) W; None: read from len_B, a host
+    sync); depth_fn(corrected, *draft_depth's arguments): how a depth runs (a compiled `Step`
+    named by whether it corrects; None: `draft_depth` itself)."""
     B, dev = root_h_BD.shape[0], root_h_BD.device
-    W = min(cfg.width, drafter.lm_head.out_features)
-    score_BW, tok_BW, root_fed_BD = (x[:, 0] for x in _top_children(drafter, root_h_BD[:, None], 0, mem,
-                                                                       correction_depth, W))
-    tokens, scores = [tok_BW], [score_BW]
-    parents = [torch.full((B, W), -1, dtype=torch.long, device=dev)]
-    front_idx = torch.arange(W, device=dev).expand(B, W)        # candidate index of each frontier node
-    front_tok, front_score = tok_BW, score_BW
-    front_parent_h = root_fed_BD[:, None].expand(B, W, -1)
-    front_anc = torch.zeros(B, W, 0, dtype=torch.bool, device=dev)  # ancestors among scratch slots
-    n_cand, D = W, cfg.depth
+    W, D = min(cfg.width, drafter.lm_head.out_features), cfg.depth
+    X = (D - 1) * W
+    front = draft_root(drafter, root_h_BD, mem, corrects(drafter, mem, 0, correction_depth), correction_depth, W, X)
+    tokens, scores, parents = [front.tok_BW], [front.score_BW], [torch.full((B, W), -1, dtype=torch.long, device=dev)]
     if D > 1:
-        base = int(len_B.max())
-        dtype = drafter.fc.weight.dtype
-        seen_BK = torch.arange(base, device=dev)[None] < len_B[:, None]   # each row's committed keys
-        if keep_BC is not None:
-            seen_BK = seen_BK & keep_BC[:, :base]
-        prefix_B1WK = additive_mask(seen_BK[:, None], dtype).expand(B, 1, W, base)
-        own_BWW = torch.eye(W, dtype=torch.bool, device=dev).expand(B, W, W)
-        pos_BD = len_B[:, None] + torch.arange(D - 1, device=dev)        # depth d's nodes sit at len + d - 1
-        cos, sin = drafter.rotary(root_h_BD.to(dtype)[:, None], pos_BD)
-    for d in range(1, D):
-        # run the frontier (depth d) through the drafter
-        scratch_BWS = torch.cat([front_anc, own_BWW], dim=-1)           # (B, W, d*W)
-        mask_B1WK = torch.cat([prefix_B1WK, additive_mask(scratch_BWS, dtype)], -1)
-        cache.plan(None, base + d * W, start=base + (d - 1) * W)
-        x = drafter.input_states(front_tok, front_parent_h)
-        pos_BW = pos_BD[:, d - 1: d].expand(B, W)
-        emb = tuple(t[..., d - 1: d, :].expand(*t.shape[:-2], W, t.shape[-1]) for t in (cos, sin))
-        h_BWD, _ = drafter.blocks(x, pos_BW, None, cache, mask=mask_B1WK, pos_emb=emb)
-        # their children
-        child_lp, child_tok, fed_BWD = _top_children(drafter, h_BWD, d, mem, correction_depth, W)   # (B, W, W)
-        child_score = front_score[:, :, None] + child_lp
-        tokens.append(child_tok.reshape(B, W * W))
-        scores.append(child_score.reshape(B, W * W))
-        parents.append(front_idx[:, :, None].expand(B, W, W).reshape(B, W * W))
-        # the next frontier: the W best children
-        front_score, pick = child_score.reshape(B, W * W).topk(W, dim=-1)
-        from_node = pick // W
-        front_tok = child_tok.reshape(B, W * W).gather(1, pick)
-        front_idx = n_cand + pick
-        front_parent_h = fed_BWD.gather(1, from_node[:, :, None].expand(B, W, h_BWD.shape[-1]))
-        front_anc = scratch_BWS.gather(1, from_node[:, :, None].expand(B, W, d * W))
-        n_cand += W * W
+        K = kv_len if kv_len is not None else int(len_B.max()) + X
+        cache.reserve(K)
+        keys_K, d_D = torch.arange(K, device=dev), torch.arange(D, device=dev)
+        torch._dynamo.mark_dynamic(keys_K, 0)
+        for d in range(1, D):
+            corrected = corrects(drafter, mem, d, correction_depth)
+            args = (cache, mem, corrected, correction_depth, front, d_D[d], len_B, keep_BC, keys_K)
+            parents.append(front.idx_BW[:, :, None].expand(B, W, W).reshape(B, W * W))
+            tok, score, front = (depth_fn(corrected, drafter, *args) if depth_fn is not None
+                                 else draft_depth(drafter, *args))
+            tokens.append(tok)
+            scores.append(score)
     per_depth = torch.tensor([W] + [W * W] * (D - 1), device=dev)
-    depth_BC = torch.arange(1, D + 1, device=dev).repeat_interleave(per_depth).expand(B, n_cand)
-    return select_tree(torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(parents, 1), depth_BC, cfg.budget)
+    depth_BC = torch.arange(1, D + 1, device=dev).repeat_interleave(per_depth).expand(B, -1)
+    return select_tree(torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(parents, 1), depth_BC, cfg.budget,
+                       max_depth=D)
+
+
+def catch_up(drafter: FoveaDrafter, cache: RaggedCache, tokens_BA: torch.Tensor, feats_BAD: torch.Tensor,
+             n_B: torch.Tensor, len_B: torch.Tensor, keep_BC: torch.Tensor | None, root_h_BD: torch.Tensor,
+             keys_K: torch.Tensor) -> torch.Tensor:
+    """Feed n_B committed tokens per row, with the target's features, at the drafter cache's end
+    (len_B; entries past n_B are scratch) -> the new root state: the output at n_B - 1 (rows fed
+    nothing keep theirs). The caller advances len_B by n_B."""
+    B, A = tokens_BA.shape
+    K = keys_K.shape[0]
+    causal_BAA = torch.ones(A, A, dtype=torch.bool, device=tokens_BA.device).tril().expand(B, A, A)
+    attend_BAK = prefix_and_new_mask(len_B, causal_BAA, K)
+    if keep_BC is not None:
+        attend_BAK = attend_BAK & keep_BC[:, None, :K]
+    pos_BA = len_B[:, None] + torch.arange(A, device=tokens_BA.device)
+    cache.plan_step(pos_BA, K)
+    h_BAD, _ = drafter.blocks(drafter.input_states(tokens_BA, feats_BAD.to(drafter.fc.weight.dtype)), pos_BA,
+                              attend_BAK, cache)
+    last_BD = h_BAD[torch.arange(B, device=h_BAD.device), (n_B - 1).clamp_min(0)]
+    return torch.where((n_B > 0)[:, None], last_BD.to(root_h_BD.dtype), root_h_BD)

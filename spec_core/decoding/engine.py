@@ -48,14 +48,14 @@ import torch
 from transformers import DynamicCache
 
 from spec_core.decoding.cache import RaggedCache, dynamic_cache_kv
-from spec_core.decoding.compiled import Step, key_bucket, mark_keys, target_forward, token_bucket
-from spec_core.decoding.draft import draft_tree
+from spec_core.decoding.compiled import Buckets, Step, mark_keys, target_forward
+from spec_core.decoding.draft import catch_up, draft_depth, draft_tree
 from spec_core.decoding.goodput import GoodputPolicy
 from spec_core.decoding.medusa_draft import medusa_tree
 from spec_core.decoding.padding import pad_batch, pad_id_for
 from spec_core.decoding.proposers.paths import Proposer, propose_batch
 from spec_core.decoding.sampling import SamplingConfig, choose_tokens
-from spec_core.decoding.tree import DraftTree, TreeConfig, drop_rows, empty_tree, pad_tree, prefix_and_new_mask, walk
+from spec_core.decoding.tree import DraftTree, TreeConfig, drop_rows, empty_tree, pad_tree, walk
 from spec_core.decoding.visual_share import VisualShareProbe, visual_share
 from spec_core.fovea.correction import VisualMemory
 from spec_core.fovea.unroll import image_ranks
@@ -104,10 +104,10 @@ class _Slot:
     shares: list[float] = field(default_factory=list)
 
 
-def step_scratch(tree: TreeConfig, speculative: bool, compiled: bool = False) -> int:
+def step_scratch(tree: TreeConfig, speculative: bool, graphs: bool = False) -> int:
     """Cache slots past a row's length that one step may write (root + nodes - padded up to their
-    token bucket when compiled -, drafter frontier)."""
-    verify = token_bucket(1 + tree.budget) if compiled and speculative else 1 + tree.budget
+    token bucket with CUDA graphs -, drafter frontier)."""
+    verify = Buckets(graphs).tokens(1 + tree.budget)
     return max(verify, (tree.depth - 1) * tree.width, tree.depth + 1) if speculative else 1
 
 
@@ -153,10 +153,13 @@ class DecodeEngine:
         n_target = adapter.num_layers
         # compile: fixed-shape steps over static caches (decoding.compiled); the same steps run eagerly without
         self.compile = compile
+        self.buckets = Buckets(graphs=compile and dev.type == "cuda")
         self.tcache = RaggedCache(batch_size, capacity, n_target, static=compile)
         self.dcache = RaggedCache(batch_size, capacity, len(drafter.layers), static=compile) if feature_drafter else None
         self._keys_C = torch.arange(capacity, device=dev)  # key indices; a step reads a bucket of them
         self._target_step = Step(partial(target_forward, adapter, self.tcache), compile, dev)
+        self._draft_step = Step(draft_depth, compile, dev)  # a feature drafter's depth, its catch-up
+        self._feed_step = Step(catch_up, compile, dev)
         # keys of the drafter cache later queries may read (a compressed visual context masks some)
         self.dkeep_BC = (torch.ones(batch_size, capacity, dtype=torch.bool, device=dev)
                          if feature_drafter and drafter.compressor is not None else None)
@@ -206,7 +209,7 @@ class DecodeEngine:
             self.probe.close()
 
     def scratch(self) -> int:
-        return step_scratch(self.tree_cfg, self.drafter is not None or self.new_proposer is not None, self.compile)
+        return step_scratch(self.tree_cfg, self.drafter is not None or self.new_proposer is not None, self.buckets.graphs)
 
     def state_bytes(self) -> int:
         """Memory decoding holds besides the target: caches, visual memories, drafter weights."""
@@ -336,60 +339,33 @@ class DecodeEngine:
                       s.shares)
 
     # --- one step --------------------------------------------------------------------------------
-    def _positions(self, pos_BS: torch.Tensor) -> torch.Tensor:
-        return pos_BS.expand(3, -1, -1) if self.mrope else pos_BS
-
-    def _attend(self, n_new: int, anc_BSS: torch.Tensor, drafter: bool = False) -> tuple[torch.Tensor, int]:
-        """Committed prefix + the new tokens' own ancestry: (B, S, K) with K keys read (of the
-        target cache, or of the drafter's)."""
-        len_B, len_host = (self.dlen_B, self.dlen_host) if drafter else (self.len_B, self.len_host)
-        kv_len = max(len_host) + n_new
-        return prefix_and_new_mask(len_B, anc_BSS, kv_len), kv_len
-
-    def _uniform_start(self, drafter: bool = False) -> int | None:
-        """The common length of every row when all rows have one (then a forward's new tokens
-        go to the same slots in every row: one slice write instead of a scatter)."""
-        lens = self.dlen_host if drafter else self.len_host
-        return lens[0] if min(lens) == max(lens) else None
-
     @torch.no_grad()
     def _verify(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target forward over [root, nodes] -> (final hidden (B, M, D), logits (B, M, V)).
-        Compiled: M is a token bucket (the tree arrives padded) and the keys read a bucket."""
+        """Target forward over [root, nodes] -> (final hidden (B, M, D), logits (B, M, V)); the
+        keys read cover the longest active row (a bucket of them for CUDA graphs)."""
         ids_BM = torch.cat([self.root_B[:, None], tree.tokens_BN], 1)
         M = ids_BM.shape[1]
         depth_BM = torch.cat([torch.zeros_like(self.root_B[:, None]), tree.depth_BN], 1)
-        if self.compile:
-            K = key_bucket(max(L for L, s in zip(self.len_host, self.slots) if s is not None) + M, self.capacity)
-            return self._target_step(("target", M, K), ids_BM, depth_BM, self.tpos_B, self.len_B, tree.anc_BMM,
-                                     mark_keys(self._keys_C[:K]), self.mrope)
-        start = self._uniform_start()
-        if M == 1 and start is not None:  # AR, every row at one length: each query sees every key
-            attend, kv_len = None, start + 1
-            self.tcache.plan(None, kv_len, start=start)
-        else:
-            attend, kv_len = self._attend(M, tree.anc_BMM)
-            self.tcache.plan(self.len_B[:, None] + torch.arange(M, device=self.device), kv_len, start=start)
-        hidden = self.adapter.decode(ids_BM, self._positions(self.tpos_B[:, None] + depth_BM), attend, self.tcache)
-        return hidden, self.adapter.lm_head(hidden)
+        K = self.buckets.keys(max(L for L, s in zip(self.len_host, self.slots) if s is not None) + M, self.capacity)
+        self.tcache.reserve(K)
+        return self._target_step(self.buckets.shape("target", self.B, M, K), ids_BM, depth_BM, self.tpos_B,
+                                 self.len_B, tree.anc_BMM, mark_keys(self._keys_C[:K]), self.mrope)
 
     @torch.no_grad()
     def _drafter_catch_up(self, tokens_BA: torch.Tensor, feats_BAD: torch.Tensor, n_B: torch.Tensor,
                           n_host: list[int]) -> None:
         """Feed n_B committed tokens per row with the target's features at the drafter cache's end;
         the root state becomes the output at n_B - 1 (rows fed nothing keep theirs)."""
-        d = self.drafter
-        A = tokens_BA.shape[1]
-        causal = torch.ones(A, A, dtype=torch.bool, device=self.device).tril()
-        attend, kv_len = self._attend(A, causal.expand(self.B, A, A), drafter=True)
-        if self.dkeep_BC is not None:
-            attend = attend & self.dkeep_BC[:, None, :kv_len]
-        pos_BA = self.dlen_B[:, None] + torch.arange(A, device=self.device)
-        self.dcache.plan(pos_BA, kv_len, start=self._uniform_start(drafter=True))
-        x = d.input_states(tokens_BA, feats_BAD.to(d.fc.weight.dtype))
-        h, _ = d.blocks(x, pos_BA, attend, self.dcache)
-        last_BD = h[torch.arange(self.B, device=self.device), (n_B - 1).clamp_min(0)]
-        self.root_h_BD = torch.where((n_B > 0)[:, None], last_BD, self.root_h_BD)
+        A = self.buckets.tokens(tokens_BA.shape[1])
+        if A > tokens_BA.shape[1]:  # a CUDA-graph bucket: scratch entries past every row's n
+            pad = A - tokens_BA.shape[1]
+            tokens_BA = torch.nn.functional.pad(tokens_BA, (0, pad))
+            feats_BAD = torch.nn.functional.pad(feats_BAD, (0, 0, 0, pad))
+        K = self.buckets.keys(max(L for L, n in zip(self.dlen_host, n_host) if n) + A, self.capacity)
+        self.dcache.reserve(K)
+        self.root_h_BD = self._feed_step(self.buckets.shape("feed", self.B, A, K), self.drafter, self.dcache, tokens_BA,
+                                         feats_BAD, n_B, self.dlen_B, self.dkeep_BC, self.root_h_BD,
+                                         mark_keys(self._keys_C[:K]))
         self.dlen_B += n_B
         self.dlen_host = [L + n for L, n in zip(self.dlen_host, n_host)]
 
@@ -457,11 +433,10 @@ class DecodeEngine:
 
     def _verify_and_walk(self, tree: DraftTree, active: list[bool]) -> tuple[DraftTree, torch.Tensor, torch.Tensor,
                                                                               torch.Tensor, list[tuple]]:
-        """The target's forward over roots and nodes (compiled: the tree padded up to its token
-        bucket, returned), its token at each, the accepted path per slot, and the step's one
+        """The target's forward over roots and nodes (the tree padded up to its token bucket and
+        returned: CUDA graphs), its token at each, the accepted path per slot, and the step's one
         device -> host transfer: per slot (accepted count, path, target tokens, draft tokens)."""
-        if self.compile:
-            tree = pad_tree(tree, token_bucket(1 + tree.size) - 1)
+        tree = pad_tree(tree, self.buckets.tokens(1 + tree.size) - 1)
         if self.probe is not None:
             self.probe.armed = True
         hidden_BMD, logits_BMV = self._verify(tree)
@@ -524,9 +499,16 @@ class DecodeEngine:
             self._draft_width = cfg.width
             if self.lazy:
                 self._drafter_flush()  # deferred tokens first: the drafter's state is the slot's
-            tree = medusa_tree(self.drafter, self.root_h_BD, cfg) if self.medusa else draft_tree(
-                self.drafter, self.dcache, self.root_h_BD, self.dlen_B, self.mem, cfg, self.correction_depth,
-                self.dkeep_BC)
+            if self.medusa:
+                tree = medusa_tree(self.drafter, self.root_h_BD, cfg)
+            else:
+                W = min(cfg.width, self.drafter.lm_head.out_features)
+                K = self.buckets.keys(max(L for L, a in zip(self.dlen_host, active) if a) + (cfg.depth - 1) * W,
+                                      self.capacity)
+                def depth_fn(corrected: bool, *args):  # a compiled shape per (corrected, B, W, K)
+                    return self._draft_step(self.buckets.shape(f"draft{int(corrected)}", self.B, W, K), *args)
+                tree = draft_tree(self.drafter, self.dcache, self.root_h_BD, self.dlen_B, self.mem, cfg,
+                                  self.correction_depth, self.dkeep_BC, kv_len=K, depth_fn=depth_fn)
             return drop_rows(tree, torch.tensor(skip, device=self.device)) if any(skip) else tree
         if self.new_proposer is not None and any(drafting):
             budget = self.tree_cfg.for_batch(sum(active)).budget

@@ -8,6 +8,12 @@ decode are not separated inside `generate`, so all time is `decode_s`). Greedy o
 engine's AR token for token (tested), so every run with an `hf` method re-checks the lossless
 contract against HF itself.
 
+`compile=True` is HF's own fast path, the fastest baseline a user of `generate` has: a static
+cache sized per call (`cache_implementation="static"`) and the decoding forward compiled
+(`CompileConfig`: mode "reduce-overhead", CUDA graphs on a GPU), as `generate` does by itself on
+CUDA with a static cache; on a CPU the same path is switched on explicitly (the config's
+`_compile_all_devices`, the flag HF's own tests use). The prefill stays eager, as in HF.
+
 Shapes: B batch, T prompt tokens (left-padded to the longest).
 """
 
@@ -27,8 +33,10 @@ class HFEngine:
     """`model.generate` on `batch_size` requests at a time (see the module docstring)."""
 
     def __init__(self, adapter, *, batch_size: int = 1, sampling: SamplingConfig | None = None,
-                 eos_token_ids: Iterable[int] = (), generator: torch.Generator | None = None):
+                 eos_token_ids: Iterable[int] = (), generator: torch.Generator | None = None,
+                 compile: bool = False):
         self.adapter, self.B = adapter, batch_size
+        self.compile = compile
         self.sampling = sampling or SamplingConfig()
         self.eos = [int(e) for e in eos_token_ids]
         self.gen = generator or torch.Generator(device=adapter.model.device)
@@ -54,6 +62,12 @@ class HFEngine:
                    pad_token_id=self.pad_id, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
                    temperature=s.temperature if s.do_sample else None,
                    top_k=(s.top_k or None) if s.do_sample else None, top_p=s.top_p if s.do_sample else None)
+        if self.compile:
+            from transformers import CompileConfig
+
+            compile_config = CompileConfig()
+            compile_config._compile_all_devices = True  # on a CPU too (CUDA: what generate does anyway)
+            cfg.update(cache_implementation="static", compile_config=compile_config)
         return cfg
 
     @torch.no_grad()

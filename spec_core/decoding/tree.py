@@ -87,9 +87,10 @@ def ancestor_mask(parent_BN: torch.Tensor, max_depth: int) -> torch.Tensor:
 
 
 def select_tree(tokens_BC: torch.Tensor, scores_BC: torch.Tensor, parent_BC: torch.Tensor,
-                depth_BC: torch.Tensor, budget: int) -> DraftTree:
+                depth_BC: torch.Tensor, budget: int, max_depth: int | None = None) -> DraftTree:
     """The `budget` best candidates as a tree. parent_BC: candidate index of the parent, -1 for the
-    root's children. Scores must fall strictly along every path."""
+    root's children. Scores must fall strictly along every path. max_depth: the deepest candidate's
+    depth where the caller knows it (no device read; None: read, and the tree checked)."""
     B, C = tokens_BC.shape
     N = min(budget, C)
     sel_BN = scores_BC.topk(N, dim=-1).indices  # descending: a parent always comes before its children
@@ -97,10 +98,12 @@ def select_tree(tokens_BC: torch.Tensor, scores_BC: torch.Tensor, parent_BC: tor
     inv_BC.scatter_(1, sel_BN, torch.arange(1, N + 1, device=tokens_BC.device).expand(B, N))
     cand_parent_BN = parent_BC.gather(1, sel_BN)
     parent_BN = torch.where(cand_parent_BN < 0, 0, inv_BC.gather(1, cand_parent_BN.clamp_min(0)))
-    assert bool(((parent_BN > 0) | (cand_parent_BN < 0)).all()), "selected set is not ancestor-closed"
     depth_BN = depth_BC.gather(1, sel_BN)
+    if max_depth is None:
+        assert bool(((parent_BN > 0) | (cand_parent_BN < 0)).all()), "selected set is not ancestor-closed"
+        max_depth = int(depth_BN.max())
     return DraftTree(tokens_BC.gather(1, sel_BN), parent_BN, depth_BN,
-                     ancestor_mask(parent_BN, int(depth_BN.max())), scores_BC.gather(1, sel_BN))
+                     ancestor_mask(parent_BN, max_depth), scores_BC.gather(1, sel_BN))
 
 
 def prefix_and_new_mask(len_B: torch.Tensor, anc_BQN: torch.Tensor, kv_len: int) -> torch.Tensor:

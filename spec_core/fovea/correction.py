@@ -85,7 +85,7 @@ class VisualCorrection(nn.Module):
         """Eq. 8-9 at every state whose depth <= correction_depth (default: the config's); others
         pass through unchanged."""
         on_BS = depth_BS <= (self.cfg.correction_depth if correction_depth is None else correction_depth)
-        if not bool(on_BS.any()):
+        if not torch.compiler.is_compiling() and not bool(on_BS.any()):  # (a shortcut; traced, the where below)
             return Correction(h_BSD, torch.zeros_like(depth_BS), torch.ones_like(h_BSD[..., 0]))
         r_BSD, k_BS = self.readout(h_BSD, depth_BS, mem)
         hr = torch.cat([h_BSD, r_BSD], dim=-1)  # (B, S, 2D)
