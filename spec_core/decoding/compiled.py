@@ -115,6 +115,15 @@ def mark_keys(keys_K: torch.Tensor) -> torch.Tensor:
     return keys_K
 
 
+def mark_dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
+    """Mark the dims of t that are >= 2 dynamic (dynamo specialises 0 and 1): a step's first
+    call then builds the graph every later size shares, not a static one and then a dynamic one."""
+    for d in dims:
+        if t.shape[d] >= 2:
+            torch._dynamo.mark_dynamic(t, d)
+    return t
+
+
 def target_forward(adapter, cache, ids_BS: torch.Tensor, depth_BS: torch.Tensor, tpos_B: torch.Tensor,
                    len_B: torch.Tensor, anc_BSS: torch.Tensor, keys_K: torch.Tensor,
                    mrope: bool) -> tuple[torch.Tensor, torch.Tensor]:

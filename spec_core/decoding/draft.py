@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 
 from spec_core.decoding.cache import RaggedCache
+from spec_core.decoding.compiled import mark_dynamic
 from spec_core.decoding.tree import DraftTree, TreeConfig, prefix_and_new_mask, select_tree
 from spec_core.fovea.correction import VisualMemory
 from spec_core.fovea.drafter import FoveaDrafter
@@ -80,8 +81,8 @@ def draft_root(drafter: FoveaDrafter, root_h_BD: torch.Tensor, mem: VisualMemory
     zero_B1 = torch.zeros(B, 1, dtype=torch.long, device=dev)
     score, tok, fed = (x[:, 0] for x in _top_children(drafter, root_h_BD[:, None], zero_B1, corrected, mem,
                                                        correction_depth, width))
-    return Frontier(tok, score, torch.arange(width, device=dev).expand(B, width),
-                    fed[:, None].expand(B, width, fed.shape[-1]), torch.zeros(B, width, slots, dtype=torch.bool, device=dev))
+    return Frontier(tok, score, torch.arange(width, device=dev).repeat(B, 1),
+                    fed[:, None].repeat(1, width, 1), torch.zeros(B, width, slots, dtype=torch.bool, device=dev))
 
 
 def draft_depth(drafter: FoveaDrafter, cache: RaggedCache, mem: VisualMemory | None, corrected: bool,
@@ -135,10 +136,11 @@ def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tenso
     if D > 1:
         K = kv_len if kv_len is not None else int(len_B.max()) + X
         cache.reserve(K)
-        keys_K, d_D = torch.arange(K, device=dev), torch.arange(D, device=dev)
-        torch._dynamo.mark_dynamic(keys_K, 0)
+        keys_K, d_D = mark_dynamic(torch.arange(K, device=dev), 0), torch.arange(D, device=dev)
         for d in range(1, D):
             corrected = corrects(drafter, mem, d, correction_depth)
+            for t, dims in zip(front, ((1,), (1,), (1,), (1,), (1, 2))):  # widths and scratch sizes vary
+                mark_dynamic(t, *dims)
             args = (cache, mem, corrected, correction_depth, front, d_D[d], len_B, keep_BC, keys_K)
             parents.append(front.idx_BW[:, :, None].expand(B, W, W).reshape(B, W * W))
             tok, score, front = (depth_fn(corrected, drafter, *args) if depth_fn is not None

@@ -48,7 +48,7 @@ import torch
 from transformers import DynamicCache
 
 from spec_core.decoding.cache import RaggedCache, dynamic_cache_kv
-from spec_core.decoding.compiled import Buckets, Step, mark_keys, target_forward
+from spec_core.decoding.compiled import Buckets, Step, mark_dynamic, mark_keys, target_forward
 from spec_core.decoding.draft import catch_up, draft_depth, draft_tree
 from spec_core.decoding.goodput import GoodputPolicy
 from spec_core.decoding.medusa_draft import medusa_tree
@@ -208,6 +208,12 @@ class DecodeEngine:
         if getattr(self, "probe", None) is not None:
             self.probe.close()
 
+    def compile_stats(self) -> dict:
+        """What compiling cost, over the engine's steps: graphs built, graphs built for a shape seen
+        before (recompiles), shapes run, and the seconds of their first calls (`compiled.Step`)."""
+        stats = [s.stats() for s in (self._target_step, self._draft_step, self._feed_step)]
+        return {k: round(sum(st[k] for st in stats), 3) for k in stats[0]}
+
     def scratch(self) -> int:
         return step_scratch(self.tree_cfg, self.drafter is not None or self.new_proposer is not None, self.buckets.graphs)
 
@@ -317,8 +323,9 @@ class DecodeEngine:
             old = self.mem
             D = mem.keys_BPD.shape[-1]
             kw = dict(dtype=mem.keys_BPD.dtype, device=mem.keys_BPD.device)
-            self.mem = VisualMemory(torch.zeros(self.B, P, D, **kw), torch.zeros(self.B, P, D, **kw),
-                                    torch.zeros(self.B, P, dtype=torch.bool, device=mem.keys_BPD.device))
+            self.mem = VisualMemory(*(mark_dynamic(t, 1) for t in (  # images' sizes vary: one graph for all
+                torch.zeros(self.B, P, D, **kw), torch.zeros(self.B, P, D, **kw),
+                torch.zeros(self.B, P, dtype=torch.bool, device=mem.keys_BPD.device))))
             if old is not None:
                 p = old.keys_BPD.shape[1]
                 self.mem.keys_BPD[:, :p], self.mem.values_BPD[:, :p] = old.keys_BPD, old.values_BPD
@@ -348,8 +355,10 @@ class DecodeEngine:
         depth_BM = torch.cat([torch.zeros_like(self.root_B[:, None]), tree.depth_BN], 1)
         K = self.buckets.keys(max(L for L, s in zip(self.len_host, self.slots) if s is not None) + M, self.capacity)
         self.tcache.reserve(K)
-        return self._target_step(self.buckets.shape("target", self.B, M, K), ids_BM, depth_BM, self.tpos_B,
-                                 self.len_B, tree.anc_BMM, mark_keys(self._keys_C[:K]), self.mrope)
+        return self._target_step(self.buckets.shape("target", self.B, M, K), mark_dynamic(ids_BM, 1),
+                                 mark_dynamic(depth_BM, 1), self.tpos_B, self.len_B,
+                                 mark_dynamic(tree.anc_BMM.contiguous(), 1, 2),
+                                 mark_keys(self._keys_C[:K]), self.mrope)
 
     @torch.no_grad()
     def _drafter_catch_up(self, tokens_BA: torch.Tensor, feats_BAD: torch.Tensor, n_B: torch.Tensor,
@@ -363,9 +372,10 @@ class DecodeEngine:
             feats_BAD = torch.nn.functional.pad(feats_BAD, (0, 0, 0, pad))
         K = self.buckets.keys(max(L for L, n in zip(self.dlen_host, n_host) if n) + A, self.capacity)
         self.dcache.reserve(K)
-        self.root_h_BD = self._feed_step(self.buckets.shape("feed", self.B, A, K), self.drafter, self.dcache, tokens_BA,
-                                         feats_BAD, n_B, self.dlen_B, self.dkeep_BC, self.root_h_BD,
-                                         mark_keys(self._keys_C[:K]))
+        self.root_h_BD = self._feed_step(self.buckets.shape("feed", self.B, A, K), self.drafter, self.dcache,
+                                         mark_dynamic(tokens_BA.contiguous(), 1), mark_dynamic(feats_BAD.contiguous(), 1),
+                                         n_B, self.dlen_B,
+                                         self.dkeep_BC, self.root_h_BD, mark_keys(self._keys_C[:K]))
         self.dlen_B += n_B
         self.dlen_host = [L + n for L, n in zip(self.dlen_host, n_host)]
 
