@@ -66,6 +66,8 @@ def _engine(target_model, drafter, inputs, max_new_tokens, options) -> DecodeEng
     T = torch.as_tensor(inputs["input_ids"]).shape[-1]
     graphs = compile and adapter.model.device.type == "cuda"
     capacity = T + max_new_tokens + step_scratch(tree, drafter is not None, graphs) + 1
+    if compile:  # a power of two: calls of similar lengths share the compiled steps (`compiled.shared_step`)
+        capacity = 1 << (capacity - 1).bit_length()
     return DecodeEngine(adapter, drafter, batch_size=1, capacity=capacity, tree=tree, sampling=sampling,
                         eos_token_ids=eos, generator=gen, compile=compile, **drafting)
 

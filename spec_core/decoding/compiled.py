@@ -4,10 +4,10 @@ A step (the target's forward over [root, nodes], a drafter's depth, its catch-up
 positions, lengths, write slots and tree structure as tensors and builds its mask inside, so
 `torch.compile(fullgraph=True)` traces it without a graph break and nothing in it reads the host.
 Its shapes: B, the engine's slots (inactive ones run too; nothing they produce is kept); S, tokens
-per row; K, keys read. S and K are dynamic dimensions (K marked so, S and B by dynamo's automatic
-dynamic shapes after their first change), so on a CPU one graph serves every size - with S = 1
-(AR) and B = 1 specialised, at most four graphs per step function in a process, shared by its
-engines where dynamo's guards allow.
+per row (a tree's nodes, a draft's width, a catch-up's tokens); K, keys read. S and K are dynamic
+dimensions, marked so on the first call (`mark_dynamic`, `mark_keys`), so on a CPU one graph
+serves every size - S = 1 (an AR step, a chain) is specialised, so two graphs per step function
+and engine.
 On CUDA the same functions compile with mode="reduce-overhead": each distinct shape is then a
 CUDA graph recorded on its first call, so sizes are rounded up to a few (`Buckets`): S to a
 power of two (a tree padded with pads, `tree.pad_tree`, never accepted), K to a power of two
@@ -35,7 +35,7 @@ from spec_core.decoding.tree import prefix_and_new_mask
 
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # tokens per row of a CUDA-graph step
 MIN_KEYS = 64  # the smallest key bucket of a CUDA-graph step
-RECOMPILE_LIMIT = 64  # graphs per step function and process; past it fullgraph raises
+RECOMPILE_LIMIT = 64  # graphs per step; past it fullgraph raises
 
 
 @dataclass(frozen=True)
@@ -73,16 +73,21 @@ def _graphs() -> int:
 class Step:
     """`fn` eager or compiled; each call names its shape `key` (hashable) for the accounting.
 
-    compile: torch.compile(fn, fullgraph=True), with mode="reduce-overhead" on CUDA. Engines of
-    one process share their steps' graphs where dynamo's guards allow (one code object), so the
-    recompile limit holds every bucket of several engines; past it, fullgraph raises."""
+    compile: torch.compile(fn, fullgraph=True), with mode="reduce-overhead" on CUDA, as a region of
+    its own (isolate_recompiles: each engine's steps compile their own graphs; inductor's on-disk
+    cache makes a graph compiled before cheap to build again) without guards on the modules."""
 
     def __init__(self, fn: Callable, compile: bool, device: torch.device):
         self.compiled = compile
         self.device = device
         if compile:
+            # guards: dynamo checks ~1,000 guards on the modules' parameters and attributes before every
+            # call - measured 1.1-1.4 ms a call on the `small` world's target (2 cores), ~40% of an AR
+            # step. The modules a step runs are the engine's for its life and never change, so their
+            # guards go; each Step compiles a region of its own (no other engine's graph can match it)
             fn = torch.compile(fn, fullgraph=True, mode="reduce-overhead" if device.type == "cuda" else None,
-                               recompile_limit=RECOMPILE_LIMIT)
+                               recompile_limit=RECOMPILE_LIMIT, isolate_recompiles=True,
+                               options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self.fn = fn
         self.warmup_s: dict[Hashable, float] = {}  # first-call seconds per shape
         self.graphs = 0        # graphs dynamo built for this step
@@ -106,6 +111,17 @@ class Step:
     def stats(self) -> dict:
         return {"graphs": self.graphs, "recompiles": self.recompiles, "shapes": len(self.warmup_s),
                 "warmup_s": round(sum(self.warmup_s.values()), 3)}
+
+
+def shared_step(owner: torch.nn.Module, fn: Callable, compile: bool, device: torch.device, *sizes: int) -> Step:
+    """The Step running `fn` over `owner` (the module it runs: the target, a drafter) at `sizes`
+    (batch, cache capacity): one per module, function and sizes, kept on the module (as HF keeps
+    its compiled forward), so the engines that run a module at those sizes compile once."""
+    steps = owner.__dict__.setdefault("_spec_core_steps", {})
+    key = (fn.__name__, compile, device.type, *sizes)
+    if key not in steps:
+        steps[key] = Step(fn, compile, device)
+    return steps[key]
 
 
 def mark_keys(keys_K: torch.Tensor) -> torch.Tensor:

@@ -41,14 +41,13 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from spec_core.decoding.cache import RaggedCache, dynamic_cache_kv
-from spec_core.decoding.compiled import Buckets, Step, mark_dynamic, mark_keys, target_forward
+from spec_core.decoding.compiled import Buckets, mark_dynamic, mark_keys, shared_step, target_forward
 from spec_core.decoding.draft import catch_up, draft_depth, draft_tree
 from spec_core.decoding.goodput import GoodputPolicy
 from spec_core.decoding.medusa_draft import medusa_tree
@@ -157,9 +156,12 @@ class DecodeEngine:
         self.tcache = RaggedCache(batch_size, capacity, n_target, static=compile)
         self.dcache = RaggedCache(batch_size, capacity, len(drafter.layers), static=compile) if feature_drafter else None
         self._keys_C = torch.arange(capacity, device=dev)  # key indices; a step reads a bucket of them
-        self._target_step = Step(partial(target_forward, adapter, self.tcache), compile, dev)
-        self._draft_step = Step(draft_depth, compile, dev)  # a feature drafter's depth, its catch-up
-        self._feed_step = Step(catch_up, compile, dev)
+        # the steps: shared by the engines that run the same modules at the same sizes (they compile once)
+        self._target_step = shared_step(adapter.model, target_forward, compile, dev, batch_size, capacity)
+        self._draft_step = self._feed_step = None  # a feature drafter's depth, its catch-up
+        if feature_drafter:
+            self._draft_step = shared_step(drafter, draft_depth, compile, dev, batch_size, capacity)
+            self._feed_step = shared_step(drafter, catch_up, compile, dev, batch_size, capacity)
         # keys of the drafter cache later queries may read (a compressed visual context masks some)
         self.dkeep_BC = (torch.ones(batch_size, capacity, dtype=torch.bool, device=dev)
                          if feature_drafter and drafter.compressor is not None else None)
@@ -211,7 +213,7 @@ class DecodeEngine:
     def compile_stats(self) -> dict:
         """What compiling cost, over the engine's steps: graphs built, graphs built for a shape seen
         before (recompiles), shapes run, and the seconds of their first calls (`compiled.Step`)."""
-        stats = [s.stats() for s in (self._target_step, self._draft_step, self._feed_step)]
+        stats = [s.stats() for s in (self._target_step, self._draft_step, self._feed_step) if s is not None]
         return {k: round(sum(st[k] for st in stats), 3) for k in stats[0]}
 
     def scratch(self) -> int:
@@ -355,8 +357,8 @@ class DecodeEngine:
         depth_BM = torch.cat([torch.zeros_like(self.root_B[:, None]), tree.depth_BN], 1)
         K = self.buckets.keys(max(L for L, s in zip(self.len_host, self.slots) if s is not None) + M, self.capacity)
         self.tcache.reserve(K)
-        return self._target_step(self.buckets.shape("target", self.B, M, K), mark_dynamic(ids_BM, 1),
-                                 mark_dynamic(depth_BM, 1), self.tpos_B, self.len_B,
+        return self._target_step(self.buckets.shape("target", self.B, M, K), self.adapter, self.tcache,
+                                 mark_dynamic(ids_BM, 1), mark_dynamic(depth_BM, 1), self.tpos_B, self.len_B,
                                  mark_dynamic(tree.anc_BMM.contiguous(), 1, 2),
                                  mark_keys(self._keys_C[:K]), self.mrope)
 

@@ -47,6 +47,7 @@ def medusa(tiny_world):
     return fit(MedusaHeads.from_target(adapter), medusa_loss, data, 60)
 
 
+@pytest.mark.parametrize("tiny_world", ["tiny"], indirect=True)  # (both worlds alone, above)
 @pytest.mark.parametrize("method", ["fovea", "ar", "medusa", "recycling"])
 def test_compiled_batched_equals_hf(tiny_world, hf_refs, medusa, policy, method):
     adapter, processor, drafter, evals, _ = tiny_world
@@ -89,6 +90,7 @@ def test_compiled_sampling_matches_the_exact_distribution(policy):
     compile_stats(engine)
 
 
+@pytest.mark.parametrize("tiny_world", ["tiny-hires"], indirect=True)  # images of several sizes
 def test_a_mixed_run_compiles_each_shape_once(tiny_world):
     """200 requests of every task (prompt lengths, images), 2-12 new tokens each (the batch's fill
     changes every few steps), under the goodput policy (tree sizes, depths and widths change):
