@@ -106,8 +106,9 @@ def main(cfg: BenchmarkConfig) -> dict:
               "visual": br.visual_split(metrics, cfg.compare, cfg.visual_threshold),
               "bootstrap": br.bootstrap_speedups(metrics, cfg.compare, baseline, seed=cfg.seed),
               "mismatches": sum(g["figures"].get(f"{m}_mismatches") or 0 for m in cfg.compare[1:]),
-              "vs_hf": {m: g["figures"].get(f"{m}_speedup_batch1_vs_hf") for m in cfg.compare
-                        if g["figures"].get(f"{m}_speedup_batch1_vs_hf") is not None},
+              "fastest": g["figures"].get("fastest_baseline"),
+              "vs_fastest": {m: g["figures"].get(f"{m}_speedup_batch1_vs_fastest") for m in cfg.compare
+                             if g["figures"].get(f"{m}_speedup_batch1_vs_fastest") is not None},
               "generate_run": gdir, "plots": []}
         tag = f"t{t:g}"
         for fname, png in ((f"speedup_{tag}.png", br.speedup_png(tasks, cfg.compare, baseline,

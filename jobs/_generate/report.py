@@ -206,11 +206,46 @@ def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list
     return "\n".join(lines) + "\n"
 
 
+def fastest(tasks: dict, baselines: list[str]) -> str | None:
+    """The baseline (AR, HF generate; eager or compiled) of least batch-1 latency on the samples."""
+    overall = tasks.get(ALL, {})
+    timed = [m for m in baselines if overall.get(m, {}).get("latency_s")]
+    return min(timed, key=lambda m: overall[m]["latency_s"]) if timed else None
+
+
+def compile_table(records: list[dict], methods: list[str]) -> dict[str, dict[str, dict]]:
+    """method -> batch size -> what compiling cost an actor (graphs built, recompiles, shapes,
+    first-call seconds; the largest over the actors' latest shards: their steps compile once)."""
+    out: dict[str, dict[str, dict]] = {}
+    for rec in records:
+        for m, by_batch in rec.get("compile", {}).items():
+            if m not in methods:
+                continue
+            for b, st in by_batch.items():
+                old = out.setdefault(m, {}).get(b, {})
+                out[m][b] = {k: max(v, old.get(k, 0)) for k, v in st.items()}
+    return out
+
+
+def render_compile(compiled: dict[str, dict[str, dict]]) -> str:
+    """The compiled steps' cost per method and batch size (none where nothing compiled)."""
+    rows = [(m, b, st) for m, by in compiled.items() for b, st in sorted(by.items(), key=lambda kv: int(kv[0]))
+            if st.get("shapes")]
+    if not rows:
+        return ""
+    lines = ["", "## Compiled steps (per actor: graphs built, recompiles after a shape's first call, shapes, "
+             "first-call seconds)", "", "| method | batch | graphs | recompiles | shapes | warm-up s |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {m} | {b} | {st['graphs']} | {st['recompiles']} | {st['shapes']} | {st['warmup_s']:.1f} |"
+              for m, b, st in rows]
+    return "\n".join(lines) + "\n"
+
+
 def render_against(tasks: dict, throughput: dict, methods: list[str], reference: str) -> str:
     """A second view of the same run: every method's batch-1 speedup and throughput ratio against
-    `reference` (HF `generate`: at batch > 1 its static, padded batches)."""
+    `reference`, the fastest baseline (HF `generate`: at batch > 1 its static, padded batches)."""
     others = [m for m in methods if m != reference]
-    lines = ["", f"## Against `{reference}` (HF generate on the same samples)", "",
+    lines = ["", f"## Against `{reference}` (the fastest baseline on the same samples)", "",
              "| task | " + " | ".join(f"{m} speedup" for m in others) + " |", "|" + "---|" * (1 + len(others))]
     for task, row in tasks.items():
         name = f"**{task}**" if task == ALL else task

@@ -7,13 +7,13 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from jobs.lib.artifact_store import committed_shards, read_kind
 from jobs.lib.config import Strict
-from jobs.lib.job import ActorPoolSection, JobConfig
+from jobs.lib.job import DecodeComputeSection, JobConfig
 from jobs.lib.metrics import RunRecorder
 from jobs.lib.model_cache import model_identity, model_position_limit, read_model_file
 from jobs.lib.ray_setup import init_ray
@@ -65,7 +65,12 @@ class MethodSection(Strict):
     visual_correction: bool = Field(True, description="false: score drafts without the visual memory")
     correction_depth: int | None = Field(None, ge=0, description="correct draft states at depths <= this; "
                                          "null: the drafter's trained value")
+    compile: bool | None = Field(None, description="this method's decode steps compiled (kind hf: HF's static cache "
+                                 "and compiled decode) or eager; null: compute.compile. ViSkip and track_visual "
+                                 "decode eagerly")
     tree: TreeSection = TreeSection()
+
+    NOT_COMPUTING: ClassVar[frozenset[str]] = frozenset({"compile"})  # the same outputs either way
 
     @model_validator(mode="after")
     def _drafter_matches_kind(self):
@@ -91,7 +96,7 @@ class GenerationSection(Strict):
                                "the image (MMSpec Table 7); one extra eager attention per step")
 
 
-class ComputeSection(ActorPoolSection):
+class ComputeSection(DecodeComputeSection):
     batch_sizes: list[int] = Field([1, 4, 16], min_length=1, description="throughput is measured at each")
 
     @model_validator(mode="after")
@@ -221,7 +226,7 @@ def main(cfg: GenerateConfig) -> dict:
     plans = [MethodPlan(name, local(m.drafter) if m.drafter else None, m.visual_correction,
                         m.tree.width, m.tree.depth, _budget(m), m.tree.step_tokens, m.correction_depth,
                         m.kind if m.kind not in ("ar", "hf", *TRAINED) else None, dict(m.params), m.viskip,
-                        hf=m.kind == "hf", policy=m.tree.policy)
+                        hf=m.kind == "hf", policy=m.tree.policy, compile=m.compile)
              for name, m in ((n, cfg.methods[n]) for n in cfg.compare)]
     gen = cfg.generation
     with rec.stage("generate") as st:
@@ -238,6 +243,7 @@ def main(cfg: GenerateConfig) -> dict:
                 batch_sizes=tuple(cfg.compute.batch_sizes), seed=gen.seed,
                 sampling=dict(do_sample=gen.do_sample, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p),
                 cpu_threads=max(1, int(cfg.compute.num_cpus_per_actor)), track_visual=gen.track_visual,
+                compile=cfg.compute.compile, compile_cache=cfg.compute.compile_cache,
                 metadata={"config_hash": key["hash"], **ident}) for _ in range(n_actors)]
             pool = ray.util.ActorPool(actors)
             for _ in rec.progress(pool.map_unordered(lambda a, s: a.__call__.remote(s), pending),
@@ -251,13 +257,14 @@ def main(cfg: GenerateConfig) -> dict:
     if missing:
         raise RuntimeError(f"{len(missing)} shards not committed: {missing[:10]}")
     tables = {k: read_kind(store, root, k, KINDS).to_pylist() for k in KINDS}
-    hf = next((n for n in cfg.compare if cfg.methods[n].kind == "hf"), None)
-    return finish(rec, store, run_dir, cfg.compare, tables, [done[s["shard"]] for s in shards], hf)
+    baselines = [n for n in cfg.compare if cfg.methods[n].kind in ("ar", "hf")]
+    return finish(rec, store, run_dir, cfg.compare, tables, [done[s["shard"]] for s in shards], baselines)
 
 
 def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], tables: dict,
-           records: list[dict], hf: str | None = None) -> dict:
-    """Aggregate the committed shards into metrics.json, report.md and latency_cdf.png."""
+           records: list[dict], baselines: list[str] = ()) -> dict:
+    """Aggregate the committed shards into metrics.json, report.md and latency_cdf.png; every
+    speedup also against the fastest of `baselines` (AR and HF generate methods) on the same samples."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -296,15 +303,20 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], t
     rec.detail("per_task", tasks)
     rec.detail("throughput", throughput)
     rec.detail("memory", memory)
-    against_hf = ""
-    if hf is not None and hf != baseline:  # every speedup against HF generate too, on the same samples
-        hf_tasks, hf_thr = gr.task_table(tables["metrics"], methods, hf), gr.throughput_table(records, methods, hf)
+    fastest = gr.fastest(tasks, baselines)
+    rec.figure("fastest_baseline", fastest)
+    compiled = gr.compile_table(records, methods)
+    rec.detail("compile", compiled)
+    against = ""
+    if fastest is not None:  # every speedup against the fastest baseline too (a second table if not the first)
+        f_tasks, f_thr = gr.task_table(tables["metrics"], methods, fastest), gr.throughput_table(records, methods, fastest)
         for m in methods:
-            if m != hf:
-                rec.figure(f"{m}_speedup_batch1_vs_hf", _r3(hf_tasks.get(gr.ALL, {}).get(m, {}).get("speedup")))
-                rec.figure(f"{m}_throughput_ratio_vs_hf", {b: _r3(t["ratio"]) for b, t in hf_thr[m].items()})
-        rec.detail("per_task_vs_hf", hf_tasks)
-        against_hf = gr.render_against(hf_tasks, hf_thr, methods, hf)
+            if m != fastest:
+                rec.figure(f"{m}_speedup_batch1_vs_fastest", _r3(f_tasks.get(gr.ALL, {}).get(m, {}).get("speedup")))
+                rec.figure(f"{m}_throughput_ratio_vs_fastest", {b: _r3(t["ratio"]) for b, t in f_thr[m].items()})
+        rec.detail("per_task_vs_fastest", f_tasks)
+        if fastest != baseline:
+            against = gr.render_against(f_tasks, f_thr, methods, fastest)
     rec.figure("rejects", [f"{r['id']}: {r['reason']}" for r in tables["rejects"]][:20])
     rec.figure("run_dir", run_dir)
     c, this = rec.cfg.compute, [r for r in records if r.get("finished_unix", 0) >= rec.started]  # this run's shards
@@ -314,7 +326,8 @@ def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], t
                     tokens=sum(t["tokens"] for r in this for by_batch in r["throughput"].values()
                                for t in by_batch.values()),
                     note="a sample: every compared method at every batch size; tokens: new tokens of them all")
-    return rec.finish(gr.render(tasks, throughput, memory, bad, methods, baseline, cdf) + against_hf)
+    return rec.finish(gr.render(tasks, throughput, memory, bad, methods, baseline, cdf) + against
+                      + gr.render_compile(compiled))
 
 
 def _r3(x: float | None) -> float | None:

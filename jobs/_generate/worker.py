@@ -75,6 +75,7 @@ class MethodPlan:
     viskip: float | None = None           # ViSkip threshold (None: off)
     hf: bool = False                      # HF `generate` itself (static padded batches), the users' baseline
     policy: str = "fixed"                 # tree size per step: fixed | goodput (spec_core.decoding.goodput)
+    compile: bool | None = None           # compiled steps (hf: HF's fast path); None: the job's compute.compile
 
 
 def _seed(base: int, sample_id: str, turn: int) -> int:
@@ -85,8 +86,11 @@ class GenerateWorker:
     def __init__(self, target_path: str, target_identity: dict, methods: list[MethodPlan],
                  storage: StorageConfig, out_uri: str, *, dtype: str = "auto", max_length: int = 2048,
                  max_new_tokens: int = 256, batch_sizes: tuple[int, ...] = (1,), sampling: dict | None = None,
-                 seed: int = 0, cpu_threads: int = 1, track_visual: bool = False, metadata: dict | None = None):
+                 seed: int = 0, cpu_threads: int = 1, track_visual: bool = False, metadata: dict | None = None,
+                 compile: str = "auto", compile_cache: str | None = None):
         import torch
+
+        from jobs.lib.job import compile_enabled, use_compile_cache
 
         from jobs.lib.model_cache import local_model_dir
         from spec_core.decoding import SamplingConfig, load_drafter
@@ -115,6 +119,9 @@ class GenerateWorker:
         self.eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.engines: dict[tuple[str, int], object] = {}
         self.track_visual = track_visual
+        self.compile = compile_enabled(compile)
+        if compile_cache:
+            use_compile_cache(compile_cache)
         self.peak_state: dict[str, int] = {}
         self.gpu_peak: dict[str, int] = {}
 
@@ -130,7 +137,8 @@ class GenerateWorker:
             from spec_core.decoding.hf_engine import HFEngine
 
             engine = HFEngine(self.adapter, batch_size=batch, sampling=self.sampling, eos_token_ids=self.eos,
-                              generator=torch.Generator(device=self.device).manual_seed(self.seed))
+                              generator=torch.Generator(device=self.device).manual_seed(self.seed),
+                              compile=self._compiles(method, batch))
             list(engine.generate([Request(warm_inputs, min(8, self.max_new))]))  # warm-up, not timed
             engine.phase_s = dict.fromkeys(engine.phase_s, 0.0)
             self.engines[key] = engine
@@ -149,11 +157,18 @@ class GenerateWorker:
                                   sampling=self.sampling, eos_token_ids=self.eos, generator=gen,
                                   visual_correction=method.visual_correction,
                                   correction_depth=method.correction_depth, proposer=proposer,
-                                  viskip=method.viskip, track_visual=self.track_visual and batch == 1)
+                                  viskip=method.viskip, track_visual=self.track_visual and batch == 1,
+                                  compile=self._compiles(method, batch))
             list(engine.generate([Request(warm_inputs, min(8, self.max_new))]))  # warm-up, not timed
             engine.phase_s = dict.fromkeys(engine.phase_s, 0.0)
             self.engines[key] = engine
         return self.engines[key]
+
+    def _compiles(self, method: MethodPlan, batch: int) -> bool:
+        """Whether a method's engine at this batch size compiles: its own setting, else the job's;
+        never with ViSkip or visual tracking (a hook re-runs attention eagerly)."""
+        wanted = self.compile if method.compile is None else method.compile
+        return wanted and method.viskip is None and not (self.track_visual and batch == 1)
 
     def _inputs(self, ids: list[int], images: dict) -> dict:
         import torch
@@ -303,7 +318,11 @@ class GenerateWorker:
                     now, was = engine.policy.stats(), policy0.get((name, batch), {})
                     throughput[name][str(batch)]["policy"] = {k: v - was.get(k, 0) if k in ADDITIVE else v
                                                               for k, v in now.items()}
+        compiled: dict[str, dict] = {}  # per method and batch size, over the actor's life (steps compile once)
+        for (name, batch), engine in self.engines.items():
+            compiled.setdefault(name, {})[str(batch)] = engine.compile_stats()
         record = {"rows": list(item["rows"]),  # the manifest rows this marker covers
+                  "compile": compiled,
                   "samples": len(samples), "rejects": len(out["rejects"]), "throughput": throughput,
                   "state_bytes": dict(self.peak_state), "gpu_peak_bytes": dict(self.gpu_peak),
                   "busy_seconds": time.perf_counter() - t0, **where_am_i(),

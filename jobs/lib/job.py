@@ -36,6 +36,32 @@ class ActorPoolSection(Strict):
     num_cpus_per_actor: float = Field(1.0, gt=0)
 
 
+class DecodeComputeSection(ActorPoolSection):
+    """An actor pool that decodes (generate, benchmark, generate_images): with compiled steps or not
+    (spec_core.decoding.compiled; outputs are the same either way)."""
+
+    NOT_COMPUTING: ClassVar[frozenset[str]] = ActorPoolSection.NOT_COMPUTING | {"compile", "compile_cache"}
+
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto", description="decode steps under torch.compile (CUDA graphs on a GPU): auto is on, on a GPU and on a "
+        "CPU alike (docs/results.md: the compiled engine); off: eager, for debugging")
+    compile_cache: str = Field("~/.cache/spec_core/torchinductor", description="inductor's cache on each node "
+                               "(TORCHINDUCTOR_CACHE_DIR): a later run of a job loads the kernels it compiled")
+
+
+def compile_enabled(mode: str) -> bool:
+    """compute.compile on an actor: on and off as said; auto on (measured worth it on both kinds of
+    device: docs/results.md)."""
+    return mode != "off"
+
+
+def use_compile_cache(directory: str) -> None:
+    """Point inductor's on-disk cache at `directory` (this process and the workers it starts)."""
+    import os
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.expanduser(directory)
+
+
 class PriceSection(Strict):
     gpu: float | None = Field(None, ge=0, description="price of one GPU-hour, any currency (null: no cost line)")
     cpu: float | None = Field(None, ge=0, description="price of one CPU-hour, any currency (null: no cost line)")

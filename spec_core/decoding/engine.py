@@ -356,7 +356,7 @@ class DecodeEngine:
         M = ids_BM.shape[1]
         depth_BM = torch.cat([torch.zeros_like(self.root_B[:, None]), tree.depth_BN], 1)
         K = self.buckets.keys(max(L for L, s in zip(self.len_host, self.slots) if s is not None) + M, self.capacity)
-        self.tcache.reserve(K)
+        self.tcache.reserve(max(max(self.len_host) + M, K))  # idle slots write past their old length too
         return self._target_step(self.buckets.shape("target", self.B, M, K), self.adapter, self.tcache,
                                  mark_dynamic(ids_BM, 1), mark_dynamic(depth_BM, 1), self.tpos_B, self.len_B,
                                  mark_dynamic(tree.anc_BMM.contiguous(), 1, 2),
@@ -373,7 +373,7 @@ class DecodeEngine:
             tokens_BA = torch.nn.functional.pad(tokens_BA, (0, pad))
             feats_BAD = torch.nn.functional.pad(feats_BAD, (0, 0, 0, pad))
         K = self.buckets.keys(max(L for L, n in zip(self.dlen_host, n_host) if n) + A, self.capacity)
-        self.dcache.reserve(K)
+        self.dcache.reserve(max(max(self.dlen_host) + A, K))  # rows fed nothing write scratch too
         self.root_h_BD = self._feed_step(self.buckets.shape("feed", self.B, A, K), self.drafter, self.dcache,
                                          mark_dynamic(tokens_BA.contiguous(), 1), mark_dynamic(feats_BAD.contiguous(), 1),
                                          n_B, self.dlen_B,
@@ -519,6 +519,7 @@ class DecodeEngine:
                                       self.capacity)
                 def depth_fn(corrected: bool, *args):  # a compiled shape per (corrected, B, W, K)
                     return self._draft_step(self.buckets.shape(f"draft{int(corrected)}", self.B, W, K), *args)
+                self.dcache.reserve(max(self.dlen_host) + (cfg.depth - 1) * W)  # idle slots' scratch too
                 tree = draft_tree(self.drafter, self.dcache, self.root_h_BD, self.dlen_B, self.mem, cfg,
                                   self.correction_depth, self.dkeep_BC, kv_len=K, depth_fn=depth_fn)
             return drop_rows(tree, torch.tensor(skip, device=self.device)) if any(skip) else tree

@@ -42,6 +42,7 @@ class HFEngine:
         self.gen = generator or torch.Generator(device=adapter.model.device)
         self.pad_id = pad_id_for(adapter)
         self.phase_s = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "commit": 0.0}
+        self._compiled = {"graphs": 0, "recompiles": 0, "shapes": 0, "warmup_s": 0.0}  # (compile_stats)
         self._sync = torch.cuda.synchronize if adapter.model.device.type == "cuda" else (lambda: None)
 
     def state_bytes(self) -> int:
@@ -49,6 +50,11 @@ class HFEngine:
 
     def close(self) -> None:
         pass
+
+    def compile_stats(self) -> dict:
+        """What compiling cost (compile=True): graphs dynamo built during this engine's calls and
+        the seconds of its first call (shapes: 1 once run; HF decides its recompiles)."""
+        return dict(self._compiled)
 
     def _config(self, max_new: int):
         """The checkpoint's generation config with the engine's rule: its EOS ids only (none: no
@@ -80,10 +86,15 @@ class HFEngine:
             max_new = max(r.max_new_tokens for r in chunk)
             if self.sampling.do_sample:  # generate draws from the global RNG: seed it from ours
                 torch.manual_seed(int(torch.randint(2**62, (1,), generator=self.gen, device=self.gen.device)))
-            t0 = time.perf_counter()
+            t0, g0 = time.perf_counter(), torch._dynamo.utils.counters["stats"]["unique_graphs"]
             out = self.adapter.model.generate(**batch, generation_config=self._config(max_new))
             self._sync()
             dt = time.perf_counter() - t0
+            if self.compile:
+                c = self._compiled
+                c["graphs"] += torch._dynamo.utils.counters["stats"]["unique_graphs"] - g0
+                if not c["shapes"]:
+                    c["shapes"], c["warmup_s"] = 1, round(dt, 3)
             self.phase_s["verify"] += dt
             new_BN = out[:, batch["input_ids"].shape[1]:].tolist()
             for r, row in zip(chunk, new_BN):
