@@ -73,7 +73,10 @@ def test_benchmark_report_has_every_setting_method_and_subtask(world, ray_local,
     split = greedy["visual"]["fovea"]
     assert split["high"]["steps"] + split["low"]["steps"] > 0
     assert "Lossless check: 0 outputs differ" in report  # HF generate's own outputs included
-    assert "Overall speedup against HF `generate` on the same samples (batch 1): ar " in report
+    fastest = greedy["fastest"]  # of ar and hf, the one of least batch-1 latency
+    assert fastest in ("ar", "hf")
+    assert f"Overall speedup against the fastest baseline, `{fastest}`, on the same samples (batch 1): " in report
+    assert fastest not in greedy["vs_fastest"] and {"pld", "fovea"} <= set(greedy["vs_fastest"])
     for tag in ("t0", "t0.6"):
         for plot in ("speedup", "batch", "visual", "latency_cdf"):
             assert (run_dir / f"{plot}_{tag}.png").stat().st_size > 1000
