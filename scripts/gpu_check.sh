@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# GPU readiness in one run (< 8 min on one H200): the `gpu`-marked tests, then a short benchmark.
-#   bash scripts/gpu_check.sh                 # figures -> ${OUT:-/tmp}/gpu_bench.json
+# GPU readiness in one run (< 10 min on one H100/H200): the `gpu`-marked tests, then the benchmark.
+#   bash scripts/gpu_check.sh                 # figures -> ${OUT:-/tmp}/gpu_bench.json, gpu_bench_7b.json
 #   OUT=runs/gpu_check bash scripts/gpu_check.sh
 #   PYTHON=python3 bash scripts/gpu_check.sh  # an existing environment (a GPU image's torch), no install
-# Tests (tests/gpu): decoding on CUDA in fp32 (engine AR and speculation token-identical to HF
-# generate) and bf16 (mismatch rate printed, every divergence checked to be a logit tie); the
-# precompute prefill and 16-bit artifacts on CUDA; DeepSpeed ZeRO-2 updates over nccl on one GPU.
-# Benchmark (scripts/bench_gpu.py): a ~1.1 B-parameter random-weight LLaVA (TinyLlama-shaped
-# decoder), bf16, greedy, 64 new tokens: ms per token of HF generate, engine AR and goodput
-# speculation with a random drafter at batch 1, 8, 32; the engine's overhead share (step time
-# outside target forwards); token-mismatch rates against HF. Without CUDA every part skips, exit 0.
+# Tests (tests/gpu): decoding on CUDA in fp32 (engine AR and speculation, eager and compiled - CUDA
+# graphs -, token-identical to HF generate) and bf16 (mismatch rate printed, every divergence checked
+# to be a logit tie); the precompute prefill and 16-bit artifacts on CUDA; DeepSpeed ZeRO-2 updates
+# over nccl on one GPU.
+# Benchmark (scripts/bench_gpu.py): a ~1.1 B-parameter random LLaVA (TinyLlama-shaped decoder) at
+# batch 1, 8, 32 and a 7B-shaped random LLaVA-NeXT at batch 1, 8; bf16, greedy, 64 new tokens: ms per
+# token of HF generate (eager, and its static cache + compiled decode), engine AR (eager and compiled)
+# and compiled goodput speculation with a random drafter, each as a multiple of the bandwidth limit;
+# the compiled verify of a 40-node tree over an AR step; kernel launches per token (--profile);
+# compile seconds. Without CUDA every part skips, exit 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${PYTHON:-.venv/bin/python}"
@@ -27,11 +30,15 @@ cuda=$("$py" -c "import torch; print(int(torch.cuda.is_available()))")
 tests_rc=0
 "$py" -m pytest -m gpu tests/gpu -q -s -p no:cacheprovider --timeout=300 || tests_rc=$?
 t1=$(date +%s)
-"$py" scripts/bench_gpu.py --out "$out/gpu_bench.json" --max-new 64 --reps 3 \
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$HOME/.cache/spec_core/torchinductor}"
+"$py" scripts/bench_gpu.py --out "$out/gpu_bench.json" --max-new 64 --reps 3 --profile \
   --batch 1 --batch 8 --batch 32
+if [ "$cuda" = 1 ]; then
+  "$py" scripts/bench_gpu.py --size 7b --out "$out/gpu_bench_7b.json" --max-new 64 --reps 2 --batch 1 --batch 8
+fi
 t2=$(date +%s)
 if [ "$cuda" = 1 ]; then
-  echo "gpu_check: tests $((t1 - t0))s, benchmark $((t2 - t1))s; figures in $out/gpu_bench.json"
+  echo "gpu_check: tests $((t1 - t0))s, benchmark $((t2 - t1))s; figures in $out/gpu_bench.json, $out/gpu_bench_7b.json"
 else
   echo "gpu_check: no CUDA on this machine: every GPU test and the benchmark skipped ($((t2 - t0))s)"
 fi

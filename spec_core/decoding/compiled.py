@@ -132,8 +132,16 @@ def mark_keys(keys_K: torch.Tensor) -> torch.Tensor:
 
 
 def mark_dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
-    """Mark the dims of t that are >= 2 dynamic (dynamo specialises 0 and 1): a step's first
-    call then builds the graph every later size shares, not a static one and then a dynamic one."""
+    """t as a step input: with the standard strides of its shape (dynamo guards strides, and a
+    size-1 dimension keeps whatever stride a view gave it), its dims >= 2 of `dims` marked dynamic
+    (dynamo specialises 0 and 1): a step's first call then builds the graph every later size
+    shares, not a static one and then a dynamic one."""
+    want, acc = [], 1
+    for n in reversed(t.shape):
+        want.append(acc)
+        acc *= n
+    if t.stride() != tuple(reversed(want)):
+        t = t.clone(memory_format=torch.contiguous_format)
     for d in dims:
         if t.shape[d] >= 2:
             torch._dynamo.mark_dynamic(t, d)

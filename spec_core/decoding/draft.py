@@ -139,8 +139,8 @@ def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tenso
         keys_K, d_D = mark_dynamic(torch.arange(K, device=dev), 0), torch.arange(D, device=dev)
         for d in range(1, D):
             corrected = corrects(drafter, mem, d, correction_depth)
-            for t, dims in zip(front, ((1,), (1,), (1,), (1,), (1, 2))):  # widths and scratch sizes vary
-                mark_dynamic(t, *dims)
+            front = Frontier(*(mark_dynamic(t, *dims)  # widths and scratch sizes vary
+                               for t, dims in zip(front, ((1,), (1,), (1,), (1,), (1, 2)))))
             args = (cache, mem, corrected, correction_depth, front, d_D[d], len_B, keep_BC, keys_K)
             parents.append(front.idx_BW[:, :, None].expand(B, W, W).reshape(B, W * W))
             tok, score, front = (depth_fn(corrected, drafter, *args) if depth_fn is not None

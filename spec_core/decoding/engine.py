@@ -359,7 +359,7 @@ class DecodeEngine:
         self.tcache.reserve(max(max(self.len_host) + M, K))  # idle slots write past their old length too
         return self._target_step(self.buckets.shape("target", self.B, M, K), self.adapter, self.tcache,
                                  mark_dynamic(ids_BM, 1), mark_dynamic(depth_BM, 1), self.tpos_B, self.len_B,
-                                 mark_dynamic(tree.anc_BMM.contiguous(), 1, 2),
+                                 mark_dynamic(tree.anc_BMM, 1, 2),
                                  mark_keys(self._keys_C[:K]), self.mrope)
 
     @torch.no_grad()
@@ -375,7 +375,7 @@ class DecodeEngine:
         K = self.buckets.keys(max(L for L, n in zip(self.dlen_host, n_host) if n) + A, self.capacity)
         self.dcache.reserve(max(max(self.dlen_host) + A, K))  # rows fed nothing write scratch too
         self.root_h_BD = self._feed_step(self.buckets.shape("feed", self.B, A, K), self.drafter, self.dcache,
-                                         mark_dynamic(tokens_BA.contiguous(), 1), mark_dynamic(feats_BAD.contiguous(), 1),
+                                         mark_dynamic(tokens_BA, 1), mark_dynamic(feats_BAD, 1),
                                          n_B, self.dlen_B,
                                          self.dkeep_BC, self.root_h_BD, mark_keys(self._keys_C[:K]))
         self.dlen_B += n_B

@@ -1,7 +1,8 @@
 """Decoding on CUDA against HF `generate` (model.generate per sample, the oracle): the engine's AR
 and speculation with a random drafter under both tree policies, alone and continuously batched,
-plus HF's own left-padded batches. fp32: token-identical. bf16: greedy may part where logits tie
-within rounding; the mismatch rate is printed and every divergence must be such a tie."""
+eager and compiled (CUDA graphs, decoding.compiled), plus HF's own left-padded batches. fp32:
+token-identical. bf16: greedy may part where logits tie within rounding; the mismatch rate is
+printed and every divergence must be such a tie."""
 
 from __future__ import annotations
 
@@ -16,11 +17,17 @@ from tests.gpu import conftest as gpu
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-CAPACITY = 96  # prompts of <= 16 tokens + 24 new + one step's scratch (6x6x40 tree)
+CAPACITY = 128  # prompts of <= 16 tokens + 24 new + one step's scratch (6x6x40 tree, 64 with CUDA graphs' buckets)
 
 
+@pytest.fixture(autouse=True)
+def dynamo_on(monkeypatch):
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_engine_ar_and_speculation_against_hf_generate(dtype):
+def test_engine_ar_and_speculation_against_hf_generate(dtype, compile):
     model = gpu.tiny_llava(dtype)
     adapter = adapter_for(model)
     torch.manual_seed(0)
@@ -30,11 +37,12 @@ def test_engine_ar_and_speculation_against_hf_generate(dtype):
     assert all(len(r) == 24 for r in ref)
     mismatch, rates = gpu.bench_gpu().mismatch_rate, {}
     for b in (1, 3):
-        sides = {"ar": DecodeEngine(adapter, None, batch_size=b, capacity=CAPACITY)}
+        sides = {"ar": DecodeEngine(adapter, None, batch_size=b, capacity=CAPACITY, compile=compile)}
         if b > 1:
-            sides["hf"] = HFEngine(adapter, batch_size=b)
+            sides["hf"] = HFEngine(adapter, batch_size=b, compile=compile)
         for policy in ("fixed", "goodput"):
-            sides[policy] = DecodeEngine(adapter, drafter, batch_size=b, capacity=CAPACITY, tree=TreeConfig(policy=policy))
+            sides[policy] = DecodeEngine(adapter, drafter, batch_size=b, capacity=CAPACITY, tree=TreeConfig(policy=policy),
+                                         compile=compile)
         for name, engine in sides.items():
             out = gpu.outputs(engine, reqs)
             rates[f"{name}@{b}"] = mismatch(ref, out)
@@ -43,5 +51,8 @@ def test_engine_ar_and_speculation_against_hf_generate(dtype):
             for r, a, o in zip(reqs, ref, out):
                 if a != o:
                     gpu.assert_divergence_is_a_tie(model, r, a, o)
-    print(f"\n{dtype} token mismatch vs HF generate: " + ", ".join(f"{k} {v:.1%}" for k, v in rates.items()))
+            if compile and hasattr(engine, "compile_stats"):
+                assert engine.compile_stats()["recompiles"] == 0, (name, b, engine.compile_stats())
+    print(f"\n{dtype} {'compiled' if compile else 'eager'} token mismatch vs HF generate: "
+          + ", ".join(f"{k} {v:.1%}" for k, v in rates.items()))
     assert max(rates.values()) <= 0.9  # loose: every divergence above was checked to be a tie

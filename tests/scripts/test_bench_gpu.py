@@ -1,5 +1,6 @@
-"""scripts/bench_gpu.py on the tiny size on CPU (the figures it writes; fp32 engine AR and
-speculation token-identical to HF generate) and scripts/gpu_check.sh skipping cleanly without CUDA."""
+"""scripts/bench_gpu.py on the tiny size on CPU (the figures it writes; fp32 engine AR, eager and
+compiled, and speculation token-identical to HF generate) and scripts/gpu_check.sh skipping cleanly
+without CUDA."""
 
 import importlib.util
 import json
@@ -27,14 +28,18 @@ def test_tiny_cpu_run_writes_every_figure(tmp_path):
     res = json.loads(out.read_text())
     assert (res["dtype"], res["max_new"], res["reps"]) == ("float32", 8, 1) and res["params"] > 0
     assert set(res["batches"]) == {"1", "2"}
+    assert res["decode_weight_bytes"] > 0 and res["copy_bandwidth_gbs"] > 0 and res["step_limit_s"] > 0
     for b, fig in res["batches"].items():
         assert fig["requests"] == int(b) and len(fig["prompt_tokens"]) == int(b)
-        for side in ("hf", "engine_ar", "speculative"):
-            assert fig[side]["ms_per_token"] > 0 and 0 <= fig[side]["overhead_share"] < 1
+        for side in ("hf", "hf_compiled", "engine_ar", "engine_ar_compiled", "speculative"):
+            assert fig[side]["ms_per_token"] > 0 and fig[side]["x_bandwidth_limit"] > 0 and fig["warmup_s"][side] > 0
+            share = fig[side]["overhead_share"]  # timed by hooks on the eager sides only
+            assert (0 <= share < 1) if side in ("hf", "engine_ar") else share is None
             assert len(fig[side]["seconds"]) == 1  # one repetition: its median is its minimum
             assert fig[side]["median_ms_per_token"] == fig[side]["ms_per_token"]
-        for side in ("engine_ar", "speculative"):  # fp32 on CPU: greedy is token-identical to HF
+        for side in ("hf_compiled", "engine_ar", "engine_ar_compiled", "speculative"):  # fp32 on CPU: token-identical
             assert fig[side]["mismatch_vs_hf"] == 0 and fig[side]["sequences_differ_vs_hf"] == 0
+        assert fig["engine_ar_compiled"]["compile"]["recompiles"] == 0 and fig["verify40_over_ar_step"] > 0
         assert "profile" not in fig
         spec = fig["speculative"]
         assert spec["mismatch_vs_engine_ar"] == 0 and spec["tokens_per_step"] >= 1
@@ -46,7 +51,7 @@ def test_profile_counts_host_work_per_token(tmp_path):
     load_script().main(["--device", "cpu", "--size", "tiny", "--batch", "2", "--max-new", "4", "--reps", "2",
                         "--profile", "--out", str(out)])
     fig = json.loads(out.read_text())["batches"]["2"]
-    for side in ("hf", "engine_ar"):
+    for side in ("hf", "hf_compiled", "engine_ar", "engine_ar_compiled", "speculative"):
         sec = fig[side]["seconds"]
         assert len(sec) == 2 and min(sec) - 1e-4 <= fig[side]["median_ms_per_token"] * 8 / 1e3 <= max(sec) + 1e-4  # rounded
         prof = fig["profile"][side]
