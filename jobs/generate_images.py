@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 from pydantic import Field, model_validator  # noqa: E402
 
 from jobs.lib.config import Strict  # noqa: E402
-from jobs.lib.job import ActorPoolSection, JobConfig, run_job  # noqa: E402
+from jobs.lib.job import DecodeComputeSection, JobConfig, run_job  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.model_cache import read_model_file  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
@@ -88,7 +88,7 @@ class WindowsSection(Strict):
         return self
 
 
-class ComputeSection(ActorPoolSection):
+class ComputeSection(DecodeComputeSection):
     batch_size: int = Field(1, ge=1, description="prompts decoded together (1: the papers' latency protocol)")
 
 
@@ -170,7 +170,8 @@ def main(cfg: GenerateImagesConfig) -> dict:
                                                 num_cpus=cfg.compute.num_cpus_per_actor,
                                                 max_restarts=3, max_task_retries=3, scheduling_strategy="SPREAD")
         actors = [Actor.remote(local, cfg.storage, run_dir, plan, cpu_threads=max(1, int(cfg.compute.num_cpus_per_actor)),
-                               metadata={"config_hash": key["hash"]})
+                               metadata={"config_hash": key["hash"]}, compile=cfg.compute.compile,
+                               compile_cache=cfg.compute.compile_cache)
                   for _ in range(min(cfg.compute.num_actors, len(shards)))]
         pool = ray.util.ActorPool(actors)
         new = 0

@@ -60,9 +60,11 @@ def prompt_key(sample_id: str) -> int:
 
 class ImageWorker:
     def __init__(self, generator_path: str, storage: StorageConfig, run_uri: str, plan: ImagePlan,
-                 cpu_threads: int = 1, metadata: dict | None = None):
+                 cpu_threads: int = 1, metadata: dict | None = None, compile: str = "auto",
+                 compile_cache: str | None = None):
         import torch
 
+        from jobs.lib.job import compile_enabled, use_compile_cache
         from jobs.lib.model_cache import local_model_dir
         from spec_core.reference.generator import load_generator
         from spec_core.scd.adapters.reference import ReferenceGenerator
@@ -78,6 +80,9 @@ class ImageWorker:
                     if m is not None}
         self.store, self.run_uri, self.plan = Storage(storage), run_uri, plan
         self.metadata = metadata or {}
+        self.compile = compile_enabled(compile)  # the Jacobi window forward as a compiled step
+        if compile_cache:
+            use_compile_cache(compile_cache)
         self.warm: set[tuple] = set()
         self.choosers: dict[tuple, object] = {}  # (kind, method) -> WindowChooser of window auto
 
@@ -107,7 +112,7 @@ class ImageWorker:
         chooser = None
         if cfg.auto:  # one per actor and (kind, method): the warm-up calibrates it
             chooser = self.choosers.setdefault((kind, method), self._chooser(kind, method))
-        return JacobiDecoder(lm, lm.layout(), cfg, chooser).run(cond, uncond, seed, keys)
+        return JacobiDecoder(lm, lm.layout(), cfg, chooser, compile=self.compile).run(cond, uncond, seed, keys)
 
     def _chooser(self, kind: str, method: str):
         from spec_core.scd import WindowChooser

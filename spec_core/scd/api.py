@@ -46,9 +46,10 @@ def generate(model: nn.Module | VisualLM, input_ids, max_new_tokens: int, *, win
     forced (length max_new_tokens, -1 = free, else the id forced there), sample_keys (per row noise
     stream names; default 0..B-1); with window "auto": max_window (default 32) and window_chooser
     (a scd.window.WindowChooser to reuse across calls, so its cost fit and acceptance counts carry
-    over; else each call explores afresh)."""
+    over; else each call explores afresh); compile (True: the window forward as a compiled step,
+    decoding.compiled; the output is the same)."""
     known = {"alpha", "cfg_scale", "uncond_input_ids", "uncond_attention_mask", "attention_mask",
-             "allowed_mask", "allowed_ids", "forced", "sample_keys", "max_window", "window_chooser"}
+             "allowed_mask", "allowed_ids", "forced", "sample_keys", "max_window", "window_chooser", "compile"}
     unknown = set(options) - known
     if unknown:
         raise TypeError(f"unknown options {sorted(unknown)}; expected some of {sorted(known)}")
@@ -76,6 +77,6 @@ def generate(model: nn.Module | VisualLM, input_ids, max_new_tokens: int, *, win
         if options.get("uncond_input_ids") is None:
             raise ValueError("cfg_scale != 1 needs uncond_input_ids")
         uncond = _rows(options["uncond_input_ids"], options.get("uncond_attention_mask"))
-    decoder = JacobiDecoder(lm, layout, cfg, options.get("window_chooser"))
+    decoder = JacobiDecoder(lm, layout, cfg, options.get("window_chooser"), compile=bool(options.get("compile", False)))
     res = decoder.run(prompts, uncond, seed, options.get("sample_keys"))
     return GenerateOutput(res.tokens_BN, int(res.nfe_B.max()), res.nfe_B, res)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spec_core.decoding.cache import RaggedCache
+from spec_core.decoding.compiled import mark_dynamic, mark_keys, shared_step
 from spec_core.decoding.tree import prefix_and_new_mask
 from spec_core.decoding import noise
 from spec_core.scd.adapters.base import ImageLayout, VisualLM
@@ -102,8 +103,10 @@ class JacobiDecoder:
     decoder: reuse one decoder (or chooser) across requests to keep its cost fit and acceptance
     counts."""
 
-    def __init__(self, lm: VisualLM, layout: ImageLayout, cfg: ScdConfig, chooser: WindowChooser | None = None):
+    def __init__(self, lm: VisualLM, layout: ImageLayout, cfg: ScdConfig, chooser: WindowChooser | None = None,
+                 compile: bool = False):
         self.lm, self.layout, self.cfg = lm, layout, cfg
+        self.compile = compile  # the window forward as a compiled step (decoding.compiled); outputs unchanged
         self.N, self.L = layout.length, cfg.slots
         self.J = self.L - 1
         if chooser is not None and (not cfg.auto or chooser.max_window != cfg.max_window):
@@ -174,8 +177,7 @@ class JacobiDecoder:
         return torch.cat([x, x]) if self.cfg.cfg else x
 
     def _logits(self, embeds, pos, attend) -> torch.Tensor:
-        pool = None if self.pool_P is None else self.pool_P.to(self.device)
-        return self.lm.logits(embeds, pos, attend, self.cache, vocab_P=pool)
+        return self.lm.logits(embeds, pos, attend, self.cache, vocab_P=self.pool, head=self.head)
 
     @torch.no_grad()
     def _prefill(self, prompts_G: list[list[int]]) -> torch.Tensor:
@@ -200,15 +202,12 @@ class JacobiDecoder:
         st, dev = self.st, self.device
         B = len(st.idx_B)
         last_B = st.tokens_BN[torch.arange(B, device=dev), st.n_B - 1]
-        ids_BS = torch.cat([last_B[:, None], st.drafts_BJ[:, :S - 1]], 1)
-        slots_GS = st.len_G[:, None] + torch.arange(S, device=dev)
-        kv_len = int(st.len_G.max()) + S
-        causal = torch.ones(S, S, dtype=torch.bool, device=dev).tril()
-        attend = prefix_and_new_mask(st.len_G, causal.expand(len(st.len_G), S, S), kv_len)
-        self.cache.plan(slots_GS, kv_len)
-        embeds = self.lm.embed_sampled(self._real(self._rows(ids_BS)))
-        # cache slots are positions: every row's prompt starts at slot 0 and nothing is padded
-        return self._logits(embeds, slots_GS, attend)
+        ids_GS = self._real(self._rows(torch.cat([last_B[:, None], st.drafts_BJ[:, :S - 1]], 1)))
+        K = int(st.len_G.max()) + S
+        self.cache.reserve(K)
+        G = len(st.len_G)
+        return self.window_step(("window", min(G, 2), min(S, 2)), self.lm, self.cache, mark_dynamic(ids_GS, 0, 1),
+                                mark_dynamic(st.len_G, 0), mark_keys(torch.arange(K, device=dev)), self.pool, self.head)
 
     # --- the loop ------------------------------------------------------------------------
     @torch.no_grad()
@@ -230,7 +229,11 @@ class JacobiDecoder:
         self.keys_B = torch.tensor(sample_keys if sample_keys is not None else range(B), device=dev)
         rows = prompts + (uncond_prompts if cfg.cfg else [])
         T_G = torch.tensor([len(r) for r in rows], device=dev)
-        self.cache = RaggedCache(len(rows), int(T_G.max()) + N + self.L + 1, self.lm.num_layers)
+        self.cache = RaggedCache(len(rows), int(T_G.max()) + N + self.L + 1, self.lm.num_layers, static=self.compile)
+        self.pool = None if self.pool_P is None else self.pool_P.to(dev)
+        self.head = self.lm.head_rows(self.pool)  # once per run (an argument of the compiled window)
+        # kept on the HF model: `generate` wraps it in a new adapter per call, and the calls share the graphs
+        self.window_step = shared_step(getattr(self.lm, "model", self.lm), window_logits, self.compile, dev)
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         t0 = time.perf_counter()
@@ -239,6 +242,7 @@ class JacobiDecoder:
                               T_G.clone(), torch.zeros(B, N + self.L, dtype=torch.long, device=dev))
         pos0_B1 = torch.zeros(B, 1, dtype=torch.long, device=dev)
         p0_BP = self._probs(self._prefill(rows)[:, None], pos0_B1)[:, 0]
+        self._rows_dynamic()
         self.P = p0_BP.shape[-1]
         st.tokens_BN[:, 0] = sample_inverse_cdf(p0_BP, self._u(noise.RESIDUAL, pos0_B1, 0)[:, 0])
         free0 = self._forced(pos0_B1)[:, 0] < 0
@@ -267,6 +271,7 @@ class JacobiDecoder:
                     break
                 rows_G = torch.cat([keep, keep + len(st.idx_B)]) if cfg.cfg else keep
                 self.cache.select_rows(rows_G)
+                self._rows_dynamic()
                 st.select(keep, rows_G)
                 ent_sum_B, ent_cnt_B = ent_sum_B[keep], ent_cnt_B[keep]
             it += 1
@@ -293,6 +298,13 @@ class JacobiDecoder:
         peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else state_bytes
         return ScdResult(out_BN, nfe_B, committed, out_ent / out_cnt.clamp_min(1), prefill_s, loop_s,
                          int(peak), windows)
+
+    def _rows_dynamic(self) -> None:
+        """Rows retire as samples finish, and a run's cache holds its longest prompt: the cache's
+        rows and slots are dynamic dimensions of the compiled window (one graph for every count)."""
+        for layer in self.cache.layers:
+            mark_dynamic(layer.keys, 0, 2)
+            mark_dynamic(layer.values, 0, 2)
 
     def _clock(self) -> float:
         if self.device.type == "cuda":  # queued kernels belong to the interval being timed
@@ -376,3 +388,17 @@ class JacobiDecoder:
         fresh = self._gumbel(pos_new_BJ[:, start:])
         keep = (src_BJ[:, start:] < J)[..., None]
         st.g_BJP = torch.cat([shifted[:, :start], torch.where(keep, shifted[:, start:], fresh)], 1)
+
+
+def window_logits(lm: VisualLM, cache: RaggedCache, ids_GS: torch.Tensor, len_G: torch.Tensor, keys_K: torch.Tensor,
+                  vocab_P: torch.Tensor | None, head) -> torch.Tensor:
+    """The window forward as one fixed-shape function (a compiled step): row g's S sampled ids at
+    cache slots (= positions: every prompt starts at slot 0, nothing is padded) len_G[g] + s,
+    causal among themselves after the row's committed keys -> logits (G, S, P)."""
+    G, S = ids_GS.shape
+    K = keys_K.shape[0]
+    slots_GS = len_G[:, None] + torch.arange(S, device=ids_GS.device)
+    causal_GSS = torch.ones(S, S, dtype=torch.bool, device=ids_GS.device).tril().expand(G, S, S)
+    cache.plan_step(slots_GS, K)
+    return lm.logits(lm.embed_sampled(ids_GS), slots_GS, prefix_and_new_mask(len_G, causal_GSS, K), cache,
+                     vocab_P=vocab_P, head=head)

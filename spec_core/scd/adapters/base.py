@@ -62,10 +62,15 @@ class VisualLM(nn.Module, ABC):
 
     @abstractmethod
     def logits(self, embeds_BSD: torch.Tensor, position_ids_BS: torch.Tensor,
-               attend_BSK: torch.Tensor, cache, vocab_P: torch.Tensor | None = None) -> torch.Tensor:
+               attend_BSK: torch.Tensor, cache, vocab_P: torch.Tensor | None = None, head=None) -> torch.Tensor:
         """One cached forward -> float logits over the sampled vocabulary (B, S, V), or only over
         the ids vocab_P (B, S, P). `attend_BSK` says which of the K cached + new keys each query
-        sees; `cache` is a RaggedCache."""
+        sees; `cache` is a RaggedCache; `head`: what `head_rows(vocab_P)` gave (None: computed)."""
+
+    def head_rows(self, vocab_P: torch.Tensor | None):
+        """What `logits` needs to score the ids vocab_P alone, computed once per decoder run
+        (eager: a compiled forward takes it as an argument); None where there is nothing to keep."""
+        return None
 
 
 class CausalLMAdapter(VisualLM):
@@ -91,15 +96,17 @@ class CausalLMAdapter(VisualLM):
         """The decoder stack (returns last_hidden_state) under the LM head."""
         return self.model.model
 
-    def logits(self, embeds_BSD, position_ids_BS, attend_BSK, cache, vocab_P=None) -> torch.Tensor:
+    def head_rows(self, vocab_P: torch.Tensor | None):
+        """The LM head's rows (weight, bias) of the ids vocab_P: an image-token head is a fraction
+        of a big vocabulary."""
+        if vocab_P is None:
+            return None
+        head = self.model.get_output_embeddings()
+        return head.weight[vocab_P], None if getattr(head, "bias", None) is None else head.bias[vocab_P]
+
+    def logits(self, embeds_BSD, position_ids_BS, attend_BSK, cache, vocab_P=None, head=None) -> torch.Tensor:
         out = self.base()(inputs_embeds=embeds_BSD, attention_mask=additive_mask(attend_BSK, embeds_BSD.dtype),
                           position_ids=position_ids_BS, cache=cache, use_cache=True)
-        head = self.model.get_output_embeddings()
         if vocab_P is None:
-            return head(out.last_hidden_state).float()
-        # only the rows of the sampled ids: an image-token head is a fraction of a big vocabulary
-        key = (vocab_P.data_ptr(), len(vocab_P), vocab_P.device)
-        if getattr(self, "_head_key", None) != key:
-            bias = None if getattr(head, "bias", None) is None else head.bias[vocab_P]
-            self._head_key, self._head_wb = key, (head.weight[vocab_P], bias)
-        return nn.functional.linear(out.last_hidden_state, *self._head_wb).float()
+            return self.model.get_output_embeddings()(out.last_hidden_state).float()
+        return nn.functional.linear(out.last_hidden_state, *(head or self.head_rows(vocab_P))).float()

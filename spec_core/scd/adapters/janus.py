@@ -67,7 +67,7 @@ class JanusAdapter(VisualLM):
         """Image codes -> generation_aligner(generation_embeddings(codes)) (B, S, D)."""
         return self.model.prepare_embeddings_for_image_generation(ids_BS)
 
-    def logits(self, embeds_BSD, position_ids_BS, attend_BSK, cache, vocab_P=None) -> torch.Tensor:
+    def logits(self, embeds_BSD, position_ids_BS, attend_BSK, cache, vocab_P=None, head=None) -> torch.Tensor:
         out = self.model.model.language_model(
             inputs_embeds=embeds_BSD, attention_mask=additive_mask(attend_BSK, embeds_BSD.dtype),
             position_ids=position_ids_BS, cache=cache, use_cache=True)

@@ -1,7 +1,8 @@
 """The Jacobi loop is lossless: exact enumeration of a tiny-vocabulary model's continuations vs
 empirical frequencies for SJD and both SCD couplings (plain and with CFG, top-k, temperature,
 forced and masked ids), at fixed windows, under window "auto" and under scripted window schedules
-(forwards that leave drafts out); top-k 1 equals greedy AR; batched equals batch 1 per sample; NFE."""
+(forwards that leave drafts out), eager and compiled; top-k 1 equals greedy AR; batched equals
+batch 1 per sample (eager and compiled); NFE."""
 
 from types import SimpleNamespace
 
@@ -118,7 +119,22 @@ def test_top_k_1_equals_greedy_ar():
             assert torch.equal(out.sequences, ref), (window, coupling)
 
 
-def test_batch_matches_batch_one_per_sample():
+@pytest.fixture
+def dynamo_on(monkeypatch):
+    """The test environment disables dynamo for Ray workers (tests/conftest.py); compiled runs need it."""
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+
+
+@pytest.mark.parametrize("coupling,window,processed", [("mc", "scripted", True), ("gs", "auto", False)])
+def test_compiled_window_is_lossless(model, exact_plain, exact_processed, dynamo_on, coupling, window, processed):
+    extra = dict(window_chooser=WindowChooser(6), max_window=6) if window == "auto" else {}
+    out = _sample(model, window, coupling, processed=processed, compile=True, **extra)
+    assert chi_square_pvalue(out.sequences, exact_processed if processed else exact_plain) > 1e-5
+    assert float(out.nfe_per_sample.float().mean()) < 3.9
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_batch_matches_batch_one_per_sample(dynamo_on, compile):
     """Rows of different prompt lengths, each advancing by its own accepted count (and retired
     when done), give exactly their batch-1 outputs and NFE: the noise is keyed per sample."""
     model = tiny_lm(vocab=8, seed=2, sharpen=2.0)
@@ -136,6 +152,7 @@ def test_batch_matches_batch_one_per_sample():
         if window == "scripted":
             kw |= dict(window="auto", max_window=5)
         chooser = (lambda: dict(window_chooser=Scripted(5, script))) if window == "scripted" else dict
+        kw["compile"] = compile
         batch = generate(model, ids, 24, attention_mask=mask, uncond_input_ids=torch.zeros(4, 1, dtype=torch.long),
                          sample_keys=[10, 11, 12, 13], **kw, **chooser())
         assert len(set(batch.nfe_per_sample.tolist())) > 1 or coupling == "none"
