@@ -13,7 +13,8 @@ batching engine of that size (throughput; outputs checked against batch 1 when g
 committed with a marker (jobs.lib.artifact_store), so a rerun skips the shard.
 
 Engines are built once per actor (method, batch size), sized for max_length + max_new_tokens, and
-warmed up on their first use with a request that is not timed.
+warmed up on their first use with a request that is not timed (a compiled engine first compiles
+every shape its steps can take: `DecodeEngine.warm_up`, `HFEngine.warm_up`).
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ class GenerateWorker:
             engine = HFEngine(self.adapter, batch_size=batch, sampling=self.sampling, eos_token_ids=self.eos,
                               generator=torch.Generator(device=self.device).manual_seed(self.seed),
                               compile=self._compiles(method, batch))
-            list(engine.generate([Request(warm_inputs, min(8, self.max_new))]))  # warm-up, not timed
+            engine.warm_up(Request(warm_inputs, min(8, self.max_new)))  # not timed (compiled: its graphs)
             engine.phase_s = dict.fromkeys(engine.phase_s, 0.0)
             self.engines[key] = engine
         if key not in self.engines:
@@ -151,7 +152,8 @@ class GenerateWorker:
 
                 proposer = proposer_factory(method.proposer, self.adapter.lm_head.weight.shape[0], **(method.params or {}))
             speculative = drafter is not None or proposer is not None
-            capacity = self.max_length + self.max_new + step_scratch(tree, speculative) + 1
+            graphs = self._compiles(method, batch) and self.device == "cuda"  # token buckets: more scratch
+            capacity = self.max_length + self.max_new + step_scratch(tree, speculative, graphs) + 1
             gen = torch.Generator(device=self.device).manual_seed(self.seed)
             engine = DecodeEngine(self.adapter, drafter, batch_size=batch, capacity=capacity, tree=tree,
                                   sampling=self.sampling, eos_token_ids=self.eos, generator=gen,
@@ -159,6 +161,8 @@ class GenerateWorker:
                                   correction_depth=method.correction_depth, proposer=proposer,
                                   viskip=method.viskip, track_visual=self.track_visual and batch == 1,
                                   compile=self._compiles(method, batch))
+            if engine.compile:  # every compiled shape now, not inside timed requests (decoding.warmup)
+                engine.warm_up(Request(warm_inputs, min(8, self.max_new)))
             list(engine.generate([Request(warm_inputs, min(8, self.max_new))]))  # warm-up, not timed
             engine.phase_s = dict.fromkeys(engine.phase_s, 0.0)
             self.engines[key] = engine

@@ -210,6 +210,13 @@ class DecodeEngine:
         if getattr(self, "probe", None) is not None:
             self.probe.close()
 
+    def warm_up(self, request: Request) -> float:
+        """Compile every step's shapes now, not inside the first timed requests (`decoding.warmup`);
+        returns the seconds it took."""
+        from spec_core.decoding.warmup import warm_up
+
+        return warm_up(self, request)
+
     def compile_stats(self) -> dict:
         """What compiling cost, over the engine's steps: graphs built, graphs built for a shape seen
         before (recompiles), shapes run, and the seconds of their first calls (`compiled.Step`)."""
@@ -372,7 +379,8 @@ class DecodeEngine:
             pad = A - tokens_BA.shape[1]
             tokens_BA = torch.nn.functional.pad(tokens_BA, (0, pad))
             feats_BAD = torch.nn.functional.pad(feats_BAD, (0, 0, 0, pad))
-        K = self.buckets.keys(max(L for L, n in zip(self.dlen_host, n_host) if n) + A, self.capacity)
+        fed = [L for L, n in zip(self.dlen_host, n_host) if n] or self.dlen_host  # (none: a warm-up's call)
+        K = self.buckets.keys(max(fed) + A, self.capacity)
         self.dcache.reserve(max(max(self.dlen_host) + A, K))  # rows fed nothing write scratch too
         self.root_h_BD = self._feed_step(self.buckets.shape("feed", self.B, A, K), self.drafter, self.dcache,
                                          mark_dynamic(tokens_BA, 1), mark_dynamic(feats_BAD, 1),
@@ -511,17 +519,7 @@ class DecodeEngine:
             self._draft_width = cfg.width
             if self.lazy:
                 self._drafter_flush()  # deferred tokens first: the drafter's state is the slot's
-            if self.medusa:
-                tree = medusa_tree(self.drafter, self.root_h_BD, cfg)
-            else:
-                W = min(cfg.width, self.drafter.lm_head.out_features)
-                K = self.buckets.keys(max(L for L, a in zip(self.dlen_host, active) if a) + (cfg.depth - 1) * W,
-                                      self.capacity)
-                def depth_fn(corrected: bool, *args):  # a compiled shape per (corrected, B, W, K)
-                    return self._draft_step(self.buckets.shape(f"draft{int(corrected)}", self.B, W, K), *args)
-                self.dcache.reserve(max(self.dlen_host) + (cfg.depth - 1) * W)  # idle slots' scratch too
-                tree = draft_tree(self.drafter, self.dcache, self.root_h_BD, self.dlen_B, self.mem, cfg,
-                                  self.correction_depth, self.dkeep_BC, kv_len=K, depth_fn=depth_fn)
+            tree = medusa_tree(self.drafter, self.root_h_BD, cfg) if self.medusa else self._draft_features(cfg, active)
             return drop_rows(tree, torch.tensor(skip, device=self.device)) if any(skip) else tree
         if self.new_proposer is not None and any(drafting):
             budget = self.tree_cfg.for_batch(sum(active)).budget
@@ -529,6 +527,17 @@ class DecodeEngine:
                 budget = min(budget, self.policy.draft_nodes)
             return propose_batch([p if d else None for p, d in zip(self.proposers, drafting)], budget, self.device)
         return empty_tree(self.B, self.device)
+
+    def _draft_features(self, cfg: TreeConfig, active: list[bool]) -> DraftTree:
+        """A feature drafter's tree of this shape (`draft.draft_tree`, its depths compiled steps)."""
+        W = min(cfg.width, self.drafter.lm_head.out_features)
+        K = self.buckets.keys(max(L for L, a in zip(self.dlen_host, active) if a) + (cfg.depth - 1) * W, self.capacity)
+
+        def depth_fn(corrected: bool, *args):  # a compiled shape per (corrected, B, W, K)
+            return self._draft_step(self.buckets.shape(f"draft{int(corrected)}", self.B, W, K), *args)
+        self.dcache.reserve(max(self.dlen_host) + (cfg.depth - 1) * W)  # idle slots' scratch too
+        return draft_tree(self.drafter, self.dcache, self.root_h_BD, self.dlen_B, self.mem, cfg, self.correction_depth,
+                          self.dkeep_BC, kv_len=K, depth_fn=depth_fn)
 
     def _commit(self, active: list[bool], rows: list[tuple], hidden_BMD: torch.Tensor) -> list[int]:
         """Per slot (host lists): emit the accepted tokens and the bonus token; then, for all slots

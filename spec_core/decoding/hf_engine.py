@@ -51,6 +51,17 @@ class HFEngine:
     def close(self) -> None:
         pass
 
+    def warm_up(self, request: Request) -> float:
+        """Decode `request` untimed, alone and as a full batch; compiled, at two new-token counts
+        each: the static cache is sized per call, so a second size makes dynamo build the graph
+        every later size shares (first a static one, then a dynamic one). Returns the seconds."""
+        t0 = time.perf_counter()
+        news = (request.max_new_tokens, request.max_new_tokens + 1) if self.compile else (request.max_new_tokens,)
+        for n in sorted({1, self.B}):
+            for new in news:
+                list(self.generate([Request(request.inputs, new, request.key)] * n))
+        return time.perf_counter() - t0
+
     def compile_stats(self) -> dict:
         """What compiling cost (compile=True): graphs dynamo built during this engine's calls and
         the seconds of its first call (shapes: 1 once run; HF decides its recompiles)."""
