@@ -143,6 +143,9 @@ class DecodeEngine:
                                      depth_scaled=drafter is not None)
                        if speculative and self.tree_cfg.policy == "goodput" else None)
         self._draft_width = 0  # the width this step's feature-drafter tree expanded
+        self.buckets = Buckets(graphs=compile and adapter.model.device.type == "cuda")
+        if self.policy is not None and self.buckets.graphs:  # a tree's seconds are its token bucket's
+            self.policy.cost.pad = self.buckets.tokens
         self.sampling = sampling or SamplingConfig()
         self.eos = set(int(e) for e in eos_token_ids)
         self.gen = generator
@@ -152,7 +155,6 @@ class DecodeEngine:
         n_target = adapter.num_layers
         # compile: fixed-shape steps over static caches (decoding.compiled); the same steps run eagerly without
         self.compile = compile
-        self.buckets = Buckets(graphs=compile and dev.type == "cuda")
         self.tcache = RaggedCache(batch_size, capacity, n_target, static=compile)
         self.dcache = RaggedCache(batch_size, capacity, len(drafter.layers), static=compile) if feature_drafter else None
         self._keys_C = torch.arange(capacity, device=dev)  # key indices; a step reads a bucket of them

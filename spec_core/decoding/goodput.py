@@ -36,6 +36,7 @@ Shapes: B slots, N draft nodes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -135,6 +136,16 @@ class CostModel(LineFit):
     overhead: float = -1.0         # seconds of a step outside drafting, verifying and the commit extra (EMA); < 0: not yet
     ar: dict[int, float] = field(default_factory=dict)    # rows -> seconds of a verify without nodes (EMA)
     curve: BandCurve | None = None  # a monotone curve per token band (cost_curve); None: the line alone
+    pad: Callable[[int], int] | None = None  # tokens per row a step runs for n (CUDA graphs: its bucket)
+
+    def run_tokens(self, per_row: int | np.ndarray) -> int | np.ndarray:
+        """Tokens per row a step runs to verify `per_row` (root included): what its seconds follow
+        (a compiled step with CUDA graphs pads a tree up to its bucket; else the count itself)."""
+        if self.pad is None:
+            return per_row
+        if isinstance(per_row, np.ndarray):
+            return np.array([self.pad(int(n)) for n in per_row.ravel()], dtype=per_row.dtype).reshape(per_row.shape)
+        return self.pad(int(per_row))
 
     def observe(self, x: float, seconds: float) -> None:
         super().observe(x, seconds)
@@ -317,12 +328,12 @@ class AcceptanceModel:
 def step_seconds(cost: CostModel, rows: int, n_max: int, draft_s: float = 0.0) -> np.ndarray:
     """(n_max + 1,) seconds of a step verifying N = 0..n_max nodes per slot over `rows` slots: what
     every step pays, then AR's verify (N = 0) or the draft, the commit extra and the verify of
-    rows x (1 + N) tokens."""
+    rows x (1 + N) tokens (padded up to their bucket under CUDA graphs: `CostModel.run_tokens`)."""
     seconds_N = np.empty(n_max + 1)
     other = cost.overhead_s()
     seconds_N[0] = other + cost.ar_s(rows)
     if n_max:
-        verify = cost.verify_s(np.arange(2, n_max + 2, dtype=np.float64) * rows)
+        verify = cost.verify_s(cost.run_tokens(np.arange(2, n_max + 2, dtype=np.float64)) * rows)
         seconds_N[1:] = other + (draft_s + cost.commit_extra() + verify)
     return seconds_N
 
@@ -691,7 +702,7 @@ class GoodputPolicy:
         ar = self.cost.ar_s(rows)
         draft = (self.depth * self.cost.draft_depth_s(rows * (self.width or 1)) if self.depth_scaled
                  else self.cost.proposer_draft_s(self.budget))
-        probe = draft + self.cost.commit_extra() + self.cost.verify_s(rows * (1 + self.budget))
+        probe = draft + self.cost.commit_extra() + self.cost.verify_s(rows * self.cost.run_tokens(1 + self.budget))
         if ar <= 0:
             return self.max_pause
         return max(self.max_pause, math.ceil(probe / (self.probe_share * ar)))
@@ -707,7 +718,7 @@ class GoodputPolicy:
         t_ar = other + self.cost.ar_s(rows)  # an AR step's seconds
         ar_rate = n_active / max(t_ar, 1e-12)
         n_N, w_CN, d_D1 = self._grid
-        verify_N = self.cost.verify_s(rows * (1 + n_N))  # every candidate's verification at once
+        verify_N = self.cost.verify_s(rows * self.cost.run_tokens(1 + n_N))  # every candidate's verification at once
         rate_CDN = []
         worth_K = self._worth()
         for curves, w_N in zip(self.curves, w_CN):  # narrow classes first: ties go to the narrower draft

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from spec_core.decoding.goodput import AcceptanceModel, CostModel, GoodputPolicy, LineFit, choose_nodes, could_pay
+from spec_core.decoding.goodput import (AcceptanceModel, CostModel, GoodputPolicy, LineFit, choose_nodes, could_pay,
+                                       step_seconds)
 
 
 def _cost(a: float, b: float) -> CostModel:
@@ -714,3 +715,20 @@ def test_the_first_explorations_give_each_entry_explore_rows_slot_trees(slots, r
     assert explored(pol, slots) == list(range(len(pol.explore))) * rounds
     proposer = GoodputPolicy(budget=6, depth=3, depth_scaled=False)
     assert explored(proposer, slots) == list(range(len(proposer.explore)))
+
+
+def test_under_cuda_graph_buckets_a_step_verifies_a_whole_bucket():
+    """A tree is padded up to its token bucket (CUDA graphs), so a node count inside a bucket costs
+    what the bucket does: the choice fills the bucket (1 + N a bucket size), and the seconds the
+    plan weighs are the padded ones."""
+    from spec_core.decoding.compiled import TOKEN_BUCKETS, Buckets
+
+    cost = CostModel(pad=Buckets(graphs=True).tokens)
+    for tokens in (1, 2, 4, 8, 16, 32, 64):
+        cost.observe(tokens, 1e-3 + 1e-4 * tokens)  # verify seconds: a line in the tokens run
+    assert cost.run_tokens(11) == 16 and list(cost.run_tokens(np.array([1, 3, 40]))) == [1, 4, 64]
+    seconds = step_seconds(cost, 1, 40)
+    assert seconds[9] == seconds[15] < seconds[16]  # 10..16 tokens per row: one bucket
+    for p in (0.9, 0.6, 0.3):
+        n, _ = choose_nodes(np.full((1, 40), p), np.array([True]), 1, cost)
+        assert 1 + n in TOKEN_BUCKETS, (p, n)
