@@ -122,15 +122,17 @@ DepthFn = Callable[..., tuple[torch.Tensor, torch.Tensor, Frontier]]
 def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tensor, len_B: torch.Tensor,
                mem: VisualMemory | None, cfg: TreeConfig, correction_depth: int | None = None,
                keep_BC: torch.Tensor | None = None, *, kv_len: int | None = None,
-               depth_fn: DepthFn | None = None) -> DraftTree:
+               depth_fn: DepthFn | None = None, max_depth: int | None = None) -> DraftTree:
     """keep_BC: which cached keys the nodes may read (None: every committed one).
 
-    kv_len: keys a depth reads (>= the longest row + (depth - 1) W; None: read from len_B, a host
-    sync); depth_fn(corrected, *draft_depth's arguments): how a depth runs (a compiled `Step`
-    named by whether it corrects; None: `draft_depth` itself)."""
+    kv_len: keys a depth reads (>= the longest row + (max_depth - 1) W; None: read from len_B, a
+    host sync); depth_fn(corrected, *draft_depth's arguments): how a depth runs (a compiled `Step`
+    named by whether it corrects; None: `draft_depth` itself); max_depth: the deepest draft the
+    caller runs (None: cfg.depth) - the scratch slots are sized for it, so that a shallower draft
+    has a depth's shapes (a compiled depth's graph serves every planned depth)."""
     B, dev = root_h_BD.shape[0], root_h_BD.device
     W, D = min(cfg.width, drafter.lm_head.out_features), cfg.depth
-    X = (D - 1) * W
+    X = (max(max_depth or D, D) - 1) * W
     front = draft_root(drafter, root_h_BD, mem, corrects(drafter, mem, 0, correction_depth), correction_depth, W, X)
     tokens, scores, parents = [front.tok_BW], [front.score_BW], [torch.full((B, W), -1, dtype=torch.long, device=dev)]
     if D > 1:

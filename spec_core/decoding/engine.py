@@ -533,13 +533,14 @@ class DecodeEngine:
     def _draft_features(self, cfg: TreeConfig, active: list[bool]) -> DraftTree:
         """A feature drafter's tree of this shape (`draft.draft_tree`, its depths compiled steps)."""
         W = min(cfg.width, self.drafter.lm_head.out_features)
-        K = self.buckets.keys(max(L for L, a in zip(self.dlen_host, active) if a) + (cfg.depth - 1) * W, self.capacity)
+        X = (max(self.tree_cfg.depth, cfg.depth) - 1) * W  # scratch slots of the deepest draft: one graph for every depth
+        K = self.buckets.keys(max(L for L, a in zip(self.dlen_host, active) if a) + X, self.capacity)
 
         def depth_fn(corrected: bool, *args):  # a compiled shape per (corrected, B, W, K)
             return self._draft_step(self.buckets.shape(f"draft{int(corrected)}", self.B, W, K), *args)
-        self.dcache.reserve(max(self.dlen_host) + (cfg.depth - 1) * W)  # idle slots' scratch too
+        self.dcache.reserve(max(self.dlen_host) + X)  # idle slots' scratch too
         return draft_tree(self.drafter, self.dcache, self.root_h_BD, self.dlen_B, self.mem, cfg, self.correction_depth,
-                          self.dkeep_BC, kv_len=K, depth_fn=depth_fn)
+                          self.dkeep_BC, kv_len=K, depth_fn=depth_fn, max_depth=self.tree_cfg.depth)
 
     def _commit(self, active: list[bool], rows: list[tuple], hidden_BMD: torch.Tensor) -> list[int]:
         """Per slot (host lists): emit the accepted tokens and the bonus token; then, for all slots
