@@ -272,7 +272,7 @@ def verify_over_ar(engine: DecodeEngine, reqs: list[Request], sync, nodes: int =
                 t0 = time.perf_counter()
             engine._target_step(engine.buckets.shape("target", engine.B, S, K), engine.adapter, engine.tcache,
                                 mark_dynamic(ids, 1), mark_dynamic(depth, 1), engine.tpos_B, engine.len_B,
-                                mark_dynamic(anc, 1, 2), mark_keys(engine._keys_C[:K]), engine.mrope)
+                                mark_dynamic(anc, 1, 2), mark_keys(engine._keys_C[:K]), engine.mrope, caller=engine)
         sync()
         times[S] = time.perf_counter() - t0
     engine.slots = [None] * engine.B  # (the slots' caches are scratch: nothing was committed)

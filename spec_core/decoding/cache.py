@@ -155,6 +155,13 @@ class RaggedCache(Cache):
         p = self._plan
         p.write_BS, p.kv_len, p.start, p.flat = write_BS, kv_len, None, None
 
+    def end_step(self) -> None:
+        """After a compiled step's forward: drop the plan's tensors, so that the cache a step sees
+        is alike before every call (dynamo guards what a call finds, and a plan left by the last
+        call - or by none yet - would make the next call's graph another)."""
+        p = self._plan
+        p.write_BS, p.flat = None, None
+
     def load(self, row: int, keys_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Put one sample's prefix KV (per layer (1, H, n, hd) pairs, e.g. from a DynamicCache after
         a batch-1 prefill) at slots [0, n) of `row`."""

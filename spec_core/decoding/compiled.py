@@ -15,10 +15,10 @@ power of two (a tree padded with pads, `tree.pad_tree`, never accepted), K to a 
 their buffers marked static addresses. With compile off, the same functions run eagerly
 (debugging; the lossless tests run both).
 
-`Step` wraps one such function and counts what compiling cost: graphs built (dynamo's counter
-read around every call) and the seconds of each shape's first call (compile, or a CUDA graph's
-recording). A graph built for a shape already seen is a recompile - the metrics report it and a
-test fails on it.
+`Step` wraps one such function and counts, per caller (an engine), what compiling cost: graphs
+built (dynamo's counter read around every call) and the seconds of each shape's first call
+(compile, or a CUDA graph's recording). A graph built for a shape the caller ran before is a
+recompile - the metrics report it and a test fails on it.
 
 Shapes: B slots, S tokens per row, K keys read.
 """
@@ -94,28 +94,31 @@ class Step:
                                         # graphs take longer to build (cold 141 s against ~110 s at batch 2)
                                         **({"cpp_wrapper": True} if device.type == "cpu" else {})})
         self.fn = fn
-        self.warmup_s: dict[Hashable, float] = {}  # first-call seconds per shape
-        self.graphs = 0        # graphs dynamo built for this step
-        self.recompiles = 0    # ... on calls of a shape seen before
+        self._by: dict[int, dict] = {}  # per caller (an engine): its shapes' first-call seconds, graphs, recompiles
 
-    def __call__(self, key: Hashable, *args):
-        first = key not in self.warmup_s
+    def __call__(self, key: Hashable, *args, caller: object = None):
+        """fn(*args) at shape `key`, accounted to `caller` (an engine sharing this step with others:
+        a shape another engine met first is a first call for this one)."""
+        acc = self._by.setdefault(id(caller), {"warmup_s": {}, "graphs": 0, "recompiles": 0})
+        first = key not in acc["warmup_s"]
         g0 = _graphs()
         t0 = time.perf_counter() if first else 0.0
         out = self.fn(*args)
         built = _graphs() - g0
-        self.graphs += built
+        acc["graphs"] += built
         if first:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            self.warmup_s[key] = time.perf_counter() - t0
-        elif built:
-            self.recompiles += built
+            acc["warmup_s"][key] = time.perf_counter() - t0
+        elif built:  # a graph for a shape this caller ran before: a recompile
+            acc["recompiles"] += built
         return out
 
-    def stats(self) -> dict:
-        return {"graphs": self.graphs, "recompiles": self.recompiles, "shapes": len(self.warmup_s),
-                "warmup_s": round(sum(self.warmup_s.values()), 3)}
+    def stats(self, caller: object = None) -> dict:
+        """graphs built on `caller`'s calls, recompiles among them, its shapes and their first-call seconds."""
+        acc = self._by.get(id(caller), {"warmup_s": {}, "graphs": 0, "recompiles": 0})
+        return {"graphs": acc["graphs"], "recompiles": acc["recompiles"], "shapes": len(acc["warmup_s"]),
+                "warmup_s": round(sum(acc["warmup_s"].values()), 3)}
 
 
 def shared_step(owner: torch.nn.Module, fn: Callable, compile: bool, device: torch.device, *sizes: int) -> Step:
@@ -137,15 +140,16 @@ def mark_keys(keys_K: torch.Tensor) -> torch.Tensor:
 
 
 def mark_dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
-    """t as a step input: with the standard strides of its shape (dynamo guards strides, and a
-    size-1 dimension keeps whatever stride a view gave it), its dims >= 2 of `dims` marked dynamic
-    (dynamo specialises 0 and 1): a step's first call then builds the graph every later size
-    shares, not a static one and then a dynamic one."""
+    """t as a step input: not a view, with the standard strides of its shape (dynamo guards a
+    view's base and every stride, and a size-1 dimension keeps whatever stride a view gave it: a
+    step fed a view on one call and a fresh tensor on the next would build two graphs), its dims
+    >= 2 of `dims` marked dynamic (dynamo specialises 0 and 1): a step's first call then builds
+    the graph every later size shares, not a static one and then a dynamic one."""
     want, acc = [], 1
     for n in reversed(t.shape):
         want.append(acc)
         acc *= n
-    if t.stride() != tuple(reversed(want)):
+    if t._base is not None or t.stride() != tuple(reversed(want)):
         t = t.clone(memory_format=torch.contiguous_format)
     for d in dims:
         if t.shape[d] >= 2:
@@ -164,4 +168,11 @@ def target_forward(adapter, cache, ids_BS: torch.Tensor, depth_BS: torch.Tensor,
     attend_BSK = prefix_and_new_mask(len_B, anc_BSS, K)
     pos_BS = tpos_B[:, None] + depth_BS
     hidden_BSD = adapter.decode(ids_BS, pos_BS.expand(3, -1, -1) if mrope else pos_BS, attend_BSK, cache)
+    cache.end_step()
     return hidden_BSD, adapter.lm_head(hidden_BSD)
+
+
+def keep_entries(cache, src_BA: torch.Tensor, dst_BA: torch.Tensor) -> None:
+    """The commit's KV move (`RaggedCache.keep`: accepted tree entries next to each row's prefix)
+    as a compiled step: one call for every layer's keys and values."""
+    cache.keep(src_BA, dst_BA)

@@ -74,15 +74,13 @@ def corrects(drafter: FoveaDrafter, mem: VisualMemory | None, depth: int, correc
 
 
 def draft_root(drafter: FoveaDrafter, root_h_BD: torch.Tensor, mem: VisualMemory | None, corrected: bool,
-               correction_depth: int | None, width: int, slots: int) -> Frontier:
-    """Depth 0: the root's `width` best children, the first frontier (candidates 0..W-1, no
-    ancestor among the `slots` scratch slots)."""
-    B, dev = root_h_BD.shape[0], root_h_BD.device
-    zero_B1 = torch.zeros(B, 1, dtype=torch.long, device=dev)
-    score, tok, fed = (x[:, 0] for x in _top_children(drafter, root_h_BD[:, None], zero_B1, corrected, mem,
-                                                       correction_depth, width))
-    return Frontier(tok, score, torch.arange(width, device=dev).repeat(B, 1),
-                    fed[:, None].repeat(1, width, 1), torch.zeros(B, width, slots, dtype=torch.bool, device=dev))
+               correction_depth: int | None, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Depth 0: the root's `width` best children, best first -> (scores (B, width), tokens (B,
+    width), the state the next depth reads (B, D)); a narrower draft takes the first W of them."""
+    zero_B1 = torch.zeros(root_h_BD.shape[0], 1, dtype=torch.long, device=root_h_BD.device)
+    score_B1W, tok_B1W, fed_B1D = _top_children(drafter, root_h_BD[:, None], zero_B1, corrected, mem,
+                                                correction_depth, width)
+    return score_B1W[:, 0], tok_B1W[:, 0], fed_B1D[:, 0]
 
 
 def draft_depth(drafter: FoveaDrafter, cache: RaggedCache, mem: VisualMemory | None, corrected: bool,
@@ -103,6 +101,7 @@ def draft_depth(drafter: FoveaDrafter, cache: RaggedCache, mem: VisualMemory | N
     cache.plan_step(len_B[:, None] + slot_W, K)
     pos_BW = (len_B + d - 1)[:, None].expand(B, W)                          # depth d's nodes at len + d - 1
     h_BWD, _ = drafter.blocks(drafter.input_states(front.tok_BW, front.fed_BWD), pos_BW, attend_BWK, cache)
+    cache.end_step()
     child_lp, child_tok, fed_BWD = _top_children(drafter, h_BWD, d.expand(B, W), corrected, mem, correction_depth, W)
     child_score_BC = (front.score_BW[:, :, None] + child_lp).reshape(B, W * W)  # (B, W, W) -> (B, W*W)
     child_tok_BC = child_tok.reshape(B, W * W)
@@ -115,25 +114,33 @@ def draft_depth(drafter: FoveaDrafter, cache: RaggedCache, mem: VisualMemory | N
     return child_tok_BC, child_score_BC, nxt
 
 
-DepthFn = Callable[..., tuple[torch.Tensor, torch.Tensor, Frontier]]
+RunFn = Callable[..., object]  # run(fn, corrected, *args) -> fn(*args): how a draft's pieces run (compiled steps)
 
 
 @torch.no_grad()
 def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tensor, len_B: torch.Tensor,
                mem: VisualMemory | None, cfg: TreeConfig, correction_depth: int | None = None,
                keep_BC: torch.Tensor | None = None, *, kv_len: int | None = None,
-               depth_fn: DepthFn | None = None, max_depth: int | None = None) -> DraftTree:
+               run: RunFn | None = None, max_depth: int | None = None, root_width: int | None = None) -> DraftTree:
     """keep_BC: which cached keys the nodes may read (None: every committed one).
 
     kv_len: keys a depth reads (>= the longest row + (max_depth - 1) W; None: read from len_B, a
-    host sync); depth_fn(corrected, *draft_depth's arguments): how a depth runs (a compiled `Step`
-    named by whether it corrects; None: `draft_depth` itself); max_depth: the deepest draft the
-    caller runs (None: cfg.depth) - the scratch slots are sized for it, so that a shallower draft
-    has a depth's shapes (a compiled depth's graph serves every planned depth)."""
+    host sync); run(fn, corrected, *args): how `draft_root` and `draft_depth` run (compiled steps
+    named by the function and whether it corrects; None: called as they are); max_depth: the
+    deepest draft the caller runs (None: cfg.depth) - the scratch slots are sized for it, so that a
+    shallower draft has a depth's shapes (a compiled depth's graph serves every planned depth);
+    root_width: the widest draft the caller runs (the root's children are scored at it, and a
+    narrower draft takes the first W: one shape)."""
+    run = run or (lambda fn, corrected, *args: fn(*args))
     B, dev = root_h_BD.shape[0], root_h_BD.device
     W, D = min(cfg.width, drafter.lm_head.out_features), cfg.depth
     X = (max(max_depth or D, D) - 1) * W
-    front = draft_root(drafter, root_h_BD, mem, corrects(drafter, mem, 0, correction_depth), correction_depth, W, X)
+    corrected = corrects(drafter, mem, 0, correction_depth)
+    widest = min(max(root_width or W, W), drafter.lm_head.out_features)
+    score_BK, tok_BK, fed_BD = run(draft_root, corrected, drafter, root_h_BD, mem, corrected, correction_depth, widest)
+    score_BW, tok_BW = score_BK[:, :W], tok_BK[:, :W]  # the first W of the widest draft's (best first)
+    front = Frontier(tok_BW, score_BW, torch.arange(W, device=dev).repeat(B, 1), fed_BD[:, None].repeat(1, W, 1),
+                     torch.zeros(B, W, X, dtype=torch.bool, device=dev))
     tokens, scores, parents = [front.tok_BW], [front.score_BW], [torch.full((B, W), -1, dtype=torch.long, device=dev)]
     if D > 1:
         K = kv_len if kv_len is not None else int(len_B.max()) + X
@@ -143,10 +150,9 @@ def draft_tree(drafter: FoveaDrafter, cache: RaggedCache, root_h_BD: torch.Tenso
             corrected = corrects(drafter, mem, d, correction_depth)
             front = Frontier(*(mark_dynamic(t, *dims)  # widths and scratch sizes vary
                                for t, dims in zip(front, ((1,), (1,), (1,), (1,), (1, 2)))))
-            args = (cache, mem, corrected, correction_depth, front, d_D[d], len_B, keep_BC, keys_K)
             parents.append(front.idx_BW[:, :, None].expand(B, W, W).reshape(B, W * W))
-            tok, score, front = (depth_fn(corrected, drafter, *args) if depth_fn is not None
-                                 else draft_depth(drafter, *args))
+            tok, score, front = run(draft_depth, corrected, drafter, cache, mem, corrected, correction_depth, front,
+                                    d_D[d], len_B, keep_BC, keys_K)
             tokens.append(tok)
             scores.append(score)
     per_depth = torch.tensor([W] + [W * W] * (D - 1), device=dev)
@@ -171,5 +177,6 @@ def catch_up(drafter: FoveaDrafter, cache: RaggedCache, tokens_BA: torch.Tensor,
     cache.plan_step(pos_BA, K)
     h_BAD, _ = drafter.blocks(drafter.input_states(tokens_BA, feats_BAD.to(drafter.fc.weight.dtype)), pos_BA,
                               attend_BAK, cache)
+    cache.end_step()
     last_BD = h_BAD[torch.arange(B, device=h_BAD.device), (n_B - 1).clamp_min(0)]
     return torch.where((n_B > 0)[:, None], last_BD.to(root_h_BD.dtype), root_h_BD)

@@ -47,8 +47,8 @@ import torch
 from transformers import DynamicCache
 
 from spec_core.decoding.cache import RaggedCache, dynamic_cache_kv
-from spec_core.decoding.compiled import Buckets, mark_dynamic, mark_keys, shared_step, target_forward
-from spec_core.decoding.draft import catch_up, draft_depth, draft_tree
+from spec_core.decoding.compiled import Buckets, keep_entries, mark_dynamic, mark_keys, shared_step, target_forward
+from spec_core.decoding.draft import catch_up, draft_depth, draft_root, draft_tree
 from spec_core.decoding.goodput import GoodputPolicy
 from spec_core.decoding.medusa_draft import medusa_tree
 from spec_core.decoding.padding import pad_batch, pad_id_for
@@ -56,6 +56,7 @@ from spec_core.decoding.proposers.paths import Proposer, propose_batch
 from spec_core.decoding.sampling import SamplingConfig, choose_tokens
 from spec_core.decoding.tree import DraftTree, TreeConfig, drop_rows, empty_tree, pad_tree, walk
 from spec_core.decoding.visual_share import VisualShareProbe, visual_share
+from spec_core.decoding.warmup import warm_up
 from spec_core.fovea.correction import VisualMemory
 from spec_core.fovea.unroll import image_ranks
 from spec_core.medusa import MedusaHeads
@@ -160,8 +161,10 @@ class DecodeEngine:
         self._keys_C = torch.arange(capacity, device=dev)  # key indices; a step reads a bucket of them
         # the steps: shared by the engines that run the same modules at the same sizes (they compile once)
         self._target_step = shared_step(adapter.model, target_forward, compile, dev, batch_size, capacity)
-        self._draft_step = self._feed_step = None  # a feature drafter's depth, its catch-up
+        self._keep_step = shared_step(adapter.model, keep_entries, compile, dev, batch_size, capacity)
+        self._root_step = self._draft_step = self._feed_step = None  # a feature drafter's root, depth, catch-up
         if feature_drafter:
+            self._root_step = shared_step(drafter, draft_root, compile, dev, batch_size, capacity)
             self._draft_step = shared_step(drafter, draft_depth, compile, dev, batch_size, capacity)
             self._feed_step = shared_step(drafter, catch_up, compile, dev, batch_size, capacity)
         # keys of the drafter cache later queries may read (a compressed visual context masks some)
@@ -215,14 +218,13 @@ class DecodeEngine:
     def warm_up(self, request: Request) -> float:
         """Compile every step's shapes now, not inside the first timed requests (`decoding.warmup`);
         returns the seconds it took."""
-        from spec_core.decoding.warmup import warm_up
-
         return warm_up(self, request)
 
     def compile_stats(self) -> dict:
         """What compiling cost, over the engine's steps: graphs built, graphs built for a shape seen
         before (recompiles), shapes run, and the seconds of their first calls (`compiled.Step`)."""
-        stats = [s.stats() for s in (self._target_step, self._draft_step, self._feed_step) if s is not None]
+        steps = (self._target_step, self._keep_step, self._root_step, self._draft_step, self._feed_step)
+        stats = [s.stats(self) for s in steps if s is not None]
         return {k: round(sum(st[k] for st in stats), 3) for k in stats[0]}
 
     def scratch(self) -> int:
@@ -369,7 +371,7 @@ class DecodeEngine:
         return self._target_step(self.buckets.shape("target", self.B, M, K), self.adapter, self.tcache,
                                  mark_dynamic(ids_BM, 1), mark_dynamic(depth_BM, 1), self.tpos_B, self.len_B,
                                  mark_dynamic(tree.anc_BMM, 1, 2),
-                                 mark_keys(self._keys_C[:K]), self.mrope)
+                                 mark_keys(self._keys_C[:K]), self.mrope, caller=self)
 
     @torch.no_grad()
     def _drafter_catch_up(self, tokens_BA: torch.Tensor, feats_BAD: torch.Tensor, n_B: torch.Tensor,
@@ -387,7 +389,7 @@ class DecodeEngine:
         self.root_h_BD = self._feed_step(self.buckets.shape("feed", self.B, A, K), self.drafter, self.dcache,
                                          mark_dynamic(tokens_BA, 1), mark_dynamic(feats_BAD, 1),
                                          n_B, self.dlen_B,
-                                         self.dkeep_BC, self.root_h_BD, mark_keys(self._keys_C[:K]))
+                                         self.dkeep_BC, self.root_h_BD, mark_keys(self._keys_C[:K]), caller=self)
         self.dlen_B += n_B
         self.dlen_host = [L + n for L, n in zip(self.dlen_host, n_host)]
 
@@ -536,18 +538,20 @@ class DecodeEngine:
         X = (max(self.tree_cfg.depth, cfg.depth) - 1) * W  # scratch slots of the deepest draft: one graph for every depth
         K = self.buckets.keys(max(L for L, a in zip(self.dlen_host, active) if a) + X, self.capacity)
 
-        def depth_fn(corrected: bool, *args):  # a compiled shape per (corrected, B, W, K)
-            return self._draft_step(self.buckets.shape(f"draft{int(corrected)}", self.B, W, K), *args)
+        def run(fn, corrected: bool, *args):  # a compiled shape per (function, corrected, B, W, K)
+            step = self._draft_step if fn is draft_depth else self._root_step
+            return step(self.buckets.shape(f"{fn.__name__}{int(corrected)}", self.B, W, K), *args, caller=self)
         self.dcache.reserve(max(self.dlen_host) + X)  # idle slots' scratch too
         return draft_tree(self.drafter, self.dcache, self.root_h_BD, self.dlen_B, self.mem, cfg, self.correction_depth,
-                          self.dkeep_BC, kv_len=K, depth_fn=depth_fn, max_depth=self.tree_cfg.depth)
+                          self.dkeep_BC, kv_len=K, run=run, max_depth=self.tree_cfg.depth, root_width=self.tree_cfg.width)
 
     def _commit(self, active: list[bool], rows: list[tuple], hidden_BMD: torch.Tensor) -> list[int]:
         """Per slot (host lists): emit the accepted tokens and the bonus token; then, for all slots
         at once, keep the accepted entries' target KV next to the prefix, feed them to a feature
         drafter (or defer that, after an AR step of the goodput policy) and advance lengths and
         roots. Returns the slots that finished."""
-        A = max(r[0] for r in rows) + 1
+        accepted = max(r[0] for r in rows)
+        A = self.buckets.tokens(accepted + 1)  # (a CUDA-graph bucket)
         keep_src = [[L] * A for L in self.len_host]  # pads copy the root slot onto itself
         keep_dst = [list(row) for row in keep_src]
         new_tok, node_idx = [[0] * A for _ in range(self.B)], [[0] * A for _ in range(self.B)]
@@ -578,8 +582,10 @@ class DecodeEngine:
             new_tok[b][: a + 1] = emitted
             node_idx[b][1: a + 1] = nodes
         dev = self.device
-        if A > 1:  # some slot accepted drafts: move their KV entries next to its prefix
-            self.tcache.keep(torch.tensor(keep_src, device=dev), torch.tensor(keep_dst, device=dev))
+        if accepted:  # some slot accepted drafts: move their KV entries next to its prefix
+            self._keep_step(self.buckets.shape("keep", self.B, A), self.tcache,
+                            mark_dynamic(torch.tensor(keep_src, device=dev), 1),
+                            mark_dynamic(torch.tensor(keep_dst, device=dev), 1), caller=self)
         adv_B, new_tok_BA = torch.tensor(advance, device=dev), torch.tensor(new_tok, device=dev)
         if self.dcache is not None and any(advance):
             if self.lazy and hidden_BMD.shape[1] == 1:  # an AR step: the drafter can wait

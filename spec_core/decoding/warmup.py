@@ -6,8 +6,9 @@ the first requests, that cost lands inside their latency: measured in the `gener
 `small` world, a batch-1 pass whose engines compiled on first use read 0.15-0.89x AR for the same
 methods that decode faster than AR once warm. `warm_up` pays it at engine start instead: with one
 prompt prefilled in slot 0, it calls the target step over the root alone and over a full tree,
-a feature drafter's draft at full width and as a chain (every depth, corrected or not), and its
-catch-up over one token and several (feeding nothing: no state moves), then frees the slot.
+the commit's KV move (a slot copied onto itself), a feature drafter's draft at full width and as
+a chain (its root and every depth, corrected or not), and its catch-up over one token and several
+(feeding nothing: no state moves), then frees the slot.
 
 Shapes: B slots, S tokens per row, A catch-up tokens.
 """
@@ -19,6 +20,7 @@ import time
 
 import torch
 
+from spec_core.decoding.compiled import mark_dynamic
 from spec_core.decoding.tree import empty_tree, pad_tree
 
 
@@ -26,17 +28,20 @@ from spec_core.decoding.tree import empty_tree, pad_tree
 def warm_up(engine, request) -> float:
     """Run every compiled shape class of `engine` once (an idle engine; `request` is prefilled
     into slot 0 and dropped). Returns the seconds it took."""
-    from spec_core.decoding.engine import Request
-
     if any(s is not None for s in engine.slots):
         raise ValueError("warm up an idle engine")
     t0 = time.perf_counter()
-    engine._admit([(0, Request(request.inputs, max(request.max_new_tokens, 2), request.key))])
+    engine._admit([(0, dataclasses.replace(request, max_new_tokens=max(request.max_new_tokens, 2)))])
     active = [b == 0 for b in range(engine.B)]
     speculative = engine.drafter is not None or engine.new_proposer is not None
     nodes = [0] + ([engine.buckets.tokens(1 + engine.tree_cfg.budget) - 1] if speculative else [])
     for n in nodes:  # the target over the root alone, and over a full tree of pads
         engine._verify(pad_tree(empty_tree(engine.B, engine.device), n))
+    if speculative:  # the commit's KV move, copying each row's root slot onto itself
+        A = engine.buckets.tokens(2)
+        src_BA = torch.tensor([[L] * A for L in engine.len_host], device=engine.device)
+        engine._keep_step(engine.buckets.shape("keep", engine.B, A), engine.tcache, mark_dynamic(src_BA, 1),
+                          mark_dynamic(src_BA.clone(), 1), caller=engine)
     if engine.dcache is not None:  # a feature drafter: full width and a chain, every depth
         cfg = engine.tree_cfg
         for width in sorted({cfg.width, 1}):

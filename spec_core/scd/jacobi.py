@@ -400,5 +400,7 @@ def window_logits(lm: VisualLM, cache: RaggedCache, ids_GS: torch.Tensor, len_G:
     slots_GS = len_G[:, None] + torch.arange(S, device=ids_GS.device)
     causal_GSS = torch.ones(S, S, dtype=torch.bool, device=ids_GS.device).tril().expand(G, S, S)
     cache.plan_step(slots_GS, K)
-    return lm.logits(lm.embed_sampled(ids_GS), slots_GS, prefix_and_new_mask(len_G, causal_GSS, K), cache,
-                     vocab_P=vocab_P, head=head)
+    logits_GSP = lm.logits(lm.embed_sampled(ids_GS), slots_GS, prefix_and_new_mask(len_G, causal_GSS, K), cache,
+                           vocab_P=vocab_P, head=head)
+    cache.end_step()
+    return logits_GSP
