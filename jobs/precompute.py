@@ -23,11 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 
 from pydantic import Field  # noqa: E402
 
-from jobs.lib.artifact_store import ARTIFACT_VERSION, committed_shards  # noqa: E402
+from jobs.lib.artifact_store import ARTIFACT_VERSION, committed_shards, verified_shards  # noqa: E402
 from jobs.lib.config import Strict  # noqa: E402
 from jobs.lib.job import ActorPoolSection, JobConfig, run_job  # noqa: E402
+from jobs.lib.manifest_rows import ManifestError, check_manifest  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
-from jobs.lib.model_cache import model_identity  # noqa: E402
+from jobs.lib.model_cache import ModelDirError, model_identity  # noqa: E402
 from jobs.lib.ray_setup import init_ray  # noqa: E402
 from jobs.lib.run_key import fingerprint, open_run  # noqa: E402
 from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
@@ -99,6 +100,10 @@ def plan_shards(store: Storage, manifest: str, limit: int | None, shard_size: in
     return shards
 
 
+def say(line: str) -> None:
+    print(f"precompute: {line}", flush=True)
+
+
 def main(cfg: PrecomputeConfig) -> dict:
     import ray
 
@@ -111,13 +116,14 @@ def main(cfg: PrecomputeConfig) -> dict:
         raise ConnectionError(f"cannot reach the manifest's storage: {err}") from err
     if not found:
         raise FileNotFoundError(f"manifest {cfg.data.manifest} does not exist")
+    check_manifest(store, cfg.data.manifest, ("id", "source", "task", "image_sha256", "conversation"))
     ident = model_identity(store, cfg.target.path)  # s3://: its config.json only; actors download the rest
     key = open_run(cfg, "precompute", store, {"target": fingerprint(store, cfg.target.path),
                                               "manifest": fingerprint(store, cfg.data.manifest)})
     rec = RunRecorder("precompute", cfg, run_dir, store)
     shards = plan_shards(store, cfg.data.manifest, cfg.data.limit, cfg.data.shard_size, cfg.data.seed,
                          cfg.data.limit_unit)
-    done = committed_shards(store, root, key["hash"], shards)
+    done = verified_shards(store, root, committed_shards(store, root, key["hash"], shards), say)
     pending = [s for s in shards if s["shard"] not in done]
     rec.figure("ray", init_ray(cfg.ray)["mode"])
     metadata = {"artifact_version": ARTIFACT_VERSION, "hidden_dtype": cfg.target.hidden_dtype,
@@ -212,5 +218,5 @@ def summary(cfg: PrecomputeConfig, m: dict) -> list[str]:
             f"({f['naive_bytes_ratio']}x a naive dump) -> {f['artifacts_uri']}"]
 
 
-if __name__ == "__main__":  # an unreadable manifest or target, or unreachable storage: one line, exit 1, nothing committed
-    run_job("precompute", summary, FileNotFoundError, PermissionError, ConnectionError)
+if __name__ == "__main__":  # an unreadable manifest or target, or unreachable storage: one line, exit 1, before Ray
+    run_job("precompute", summary, FileNotFoundError, PermissionError, ConnectionError, ModelDirError, ManifestError)

@@ -46,6 +46,9 @@ class DataSection(Strict):
     shuffle_buffer: int = Field(256, ge=0, description="rows in each worker's local shuffle buffer (0: none)")
     cpus_per_task: float = Field(0.5, gt=0, description="CPUs of each Ray Data read/attach task")
     cache: bool = Field(False, description="read the artifacts once into Ray's object store (small sets)")
+    on_bad_shard: Literal["fail", "skip"] = Field("fail", description="a shard whose files do not match its "
+                                                  "marker: fail (one line, before training) | skip (train on the "
+                                                  "rest; the report lists it and the samples it took)")
 
 
 class TargetSection(Strict):
@@ -135,13 +138,16 @@ def main(cfg: TrainDrafterConfig) -> dict:
     work = cfg.model_copy(deep=True)  # what the workers get: a local target path made absolute
     if scheme_of(cfg.target.path) == "file":  # s3://: each worker's node downloads it (jobs.lib.model_cache)
         work.target.path = str(Path(cfg.target.path).resolve())
-    art = open_artifacts(store, cfg.data.artifacts)  # bad artifacts or another target: stop here
+    art = open_artifacts(store, cfg.data.artifacts, cfg.data.on_bad_shard)  # bad artifacts or another target: stop here
     check_target(art, model_identity(store, work.target.path))
     plan = plan_steps(art.n_samples, c.num_workers, t.per_device_batch, t.grad_accum, t.epochs, t.max_steps,
                       t.warmup_steps)
     open_run(cfg, "train_drafter", store, {"target": fingerprint(store, work.target.path),
                                            "artifacts": fingerprint(store, join(cfg.data.artifacts, "index.json"))})
     rec = RunRecorder("train_drafter", cfg, run_dir, store)
+    if art.quarantined:  # data.on_bad_shard: skip
+        rec.figure("quarantined_shards", art.quarantined)
+        rec.count("samples_quarantined", art.lost_samples)
     rec.figure("ray", init_ray(cfg.ray)["mode"])
     trainer = make_trainer(work, plan, art, store, run_dir)
     with rec.stage("train") as st:

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import io
 import json
+from collections import Counter
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from jobs.lib.artifact_store import committed_shards, read_kind
+from jobs.lib.artifact_store import committed_shards, read_kind, verified_shards
 from jobs.lib.config import Strict
 from jobs.lib.job import DecodeComputeSection, JobConfig
+from jobs.lib.manifest_rows import check_manifest
 from jobs.lib.metrics import RunRecorder
 from jobs.lib.model_cache import model_identity, model_position_limit, read_model_file
 from jobs.lib.ray_setup import init_ray
@@ -207,6 +209,8 @@ def main(cfg: GenerateConfig) -> dict:
         raise
     except Exception as err:  # noqa: BLE001 - storage clients raise their own types
         raise ConnectionError(f"cannot reach the manifest's storage: {err}") from err
+    for uri in files:  # from the footers: columns and rows, before Ray starts
+        check_manifest(store, uri, ("id", "task", "conversation"))
     ident = model_identity(store, cfg.target.path)  # s3://: its config.json only; actors download the rest
     check_drafters(cfg, ident, store)
     limit = model_position_limit(store, cfg.target.path)
@@ -219,7 +223,8 @@ def main(cfg: GenerateConfig) -> dict:
     key = open_run(cfg, "generate", store, inputs)
     rec = RunRecorder("generate", cfg, run_dir, store)
     shards = plan_shards(store, files, cfg.data.limit_per_source, cfg.data.shard_size, cfg.data.seed)
-    done = committed_shards(store, root, key["hash"], shards)
+    done = verified_shards(store, root, committed_shards(store, root, key["hash"], shards),
+                           lambda line: print(f"generate: {line}", flush=True))
     pending = [s for s in shards if s["shard"] not in done]
     rec.figure("ray", init_ray(cfg.ray)["mode"])
     local = lambda p: str(Path(p).resolve()) if scheme_of(p) == "file" else p  # noqa: E731
@@ -257,8 +262,17 @@ def main(cfg: GenerateConfig) -> dict:
     if missing:
         raise RuntimeError(f"{len(missing)} shards not committed: {missing[:10]}")
     tables = {k: read_kind(store, root, k, KINDS).to_pylist() for k in KINDS}
+    if not tables["responses"] and tables["rejects"]:  # every row rejected: not a success
+        raise ValueError(nothing_usable(tables["rejects"]))
     baselines = [n for n in cfg.compare if cfg.methods[n].kind in ("ar", "hf")]
     return finish(rec, store, run_dir, cfg.compare, tables, [done[s["shard"]] for s in shards], baselines)
+
+
+def nothing_usable(rejects: list[dict]) -> str:
+    """The one line of a run whose every row was rejected: how many, and the commonest reasons."""
+    reasons = Counter(r["reason"].split(":")[0] for r in rejects).most_common(3)
+    return (f"no usable row: all {len({r['id'] for r in rejects})} rows were rejected (commonest: "
+            + "; ".join(f"{why} x{n}" for why, n in reasons) + ")")
 
 
 def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], tables: dict,

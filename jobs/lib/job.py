@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 from contextlib import contextmanager
 from typing import Any, ClassVar, Literal
@@ -127,40 +128,56 @@ def run_job(job: str, summary: Callable[[Any, dict], Iterable[str]], *user_error
         print(f"{job}: {line}")
 
 
+# OSErrors that are the machine's or the user's to fix, not bugs: a full disk or quota, a read-only
+# filesystem, a permission refused (its path is in the message)
+FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
 @contextmanager
 def one_line_errors(job: str, *user_errors: type[BaseException]) -> Iterator[None]:
     """Around a job's main(): a run of another config in the run directory (RunMismatch) or a
     config error -> its one line on stderr, exit 2; the job's `user_errors` (unreadable inputs,
-    unreachable storage) -> 'job: Type: message', exit 1, also when raised inside a Ray task,
-    actor or Ray Data stage. Anything else is a bug: a traceback."""
+    unreachable storage), an OSError of `FAULTS` (full disk, read-only, permission) and an actor
+    that died past its retries -> 'job: Type: message', exit 1, also when raised inside a Ray task,
+    actor, Ray Data stage or Ray Train worker. Anything else is a bug: a traceback."""
     from jobs.lib.run_key import RunMismatch
 
     try:
         yield
     except Exception as raised:
-        kind, message = _ray_cause(raised)
+        err = ray_cause(raised)
+        kind, message = type(err), (str(err).splitlines() or [""])[0]
         if issubclass(kind, (RunMismatch, ConfigError)):
             print(message, file=sys.stderr)
             raise SystemExit(EXIT_CONFIG_ERROR) from None
         # botocore's connection errors (raw out of pyarrow / Ray Data I/O) count as ConnectionError
         boto = connection_errors() if "botocore" in sys.modules else ()
-        if issubclass(kind, user_errors) or (issubclass(kind, boto) and issubclass(ConnectionError, user_errors)):
+        died = sys.modules.get("ray.exceptions") and isinstance(err, sys.modules["ray.exceptions"].ActorDiedError)
+        if died:  # its first line says only that it died: add why, where Ray says
+            why = [ln.strip() for ln in str(err).splitlines() if "dead because" in ln or "exit detail" in ln.lower()]
+            message = " ".join([message, *why[:1]])
+        if (issubclass(kind, user_errors) or (issubclass(kind, boto) and issubclass(ConnectionError, user_errors))
+                or (isinstance(err, OSError) and err.errno in FAULTS) or died):
             print(f"{job}: {kind.__name__}: {message}", file=sys.stderr)
             raise SystemExit(1) from None
         raise
 
 
-def _ray_cause(err: BaseException) -> tuple[type, str]:
-    """(class, message) of the user's exception inside Ray's wrappers: a task's or actor's
-    RayTaskError holds it as `.cause` (its own str() is a whole traceback); Ray Data stages raise
-    the original exception (init_ray sets `raise_original_map_exception`), whose message may carry
-    Ray Data's retry advice after its first line."""
+def ray_cause(err: BaseException) -> BaseException:
+    """The user's exception inside Ray's wrappers: a task's or actor's RayTaskError holds it as
+    `.cause` (its own str() is a whole traceback); Ray Train's WorkerGroupError holds each failed
+    worker's (the lowest rank's is taken); Ray Data stages raise the original exception (init_ray
+    sets `raise_original_map_exception`), whose message may carry Ray Data's retry advice after
+    its first line."""
     ray_exc = sys.modules.get("ray.exceptions")
+    train_exc = sys.modules.get("ray.train.v2.api.exceptions")
     for _ in range(8 if ray_exc else 0):
         if isinstance(err, ray_exc.RayTaskError) and err.cause is not None and err.cause is not err:
             err = err.cause
         elif isinstance(err, ray_exc.UserCodeException) and err.__cause__ is not None:
             err = err.__cause__
+        elif train_exc and isinstance(err, train_exc.WorkerGroupError) and err.worker_failures:
+            err = err.worker_failures[min(err.worker_failures)]
         else:
             break
-    return type(err), (str(err).splitlines() or [""])[0]
+    return err

@@ -8,6 +8,33 @@ import io
 from jobs.lib.storage import Storage, StorageUnavailable
 
 
+class ManifestError(ValueError):
+    """A manifest a job cannot read rows from; str() is the one line."""
+
+
+def check_manifest(store: Storage, uri: str, columns: tuple[str, ...]) -> int:
+    """On the driver, from the Parquet footer alone: `uri` is a Parquet file holding `columns` and
+    an image column (image_bytes or image_uri), with rows. Returns its row count; ManifestError
+    (one line) otherwise."""
+    import pyarrow.parquet as pq
+
+    fs, path = store.arrow_fs(uri)
+    try:
+        meta = pq.read_metadata(path, filesystem=fs)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - pyarrow raises ArrowInvalid / OSError for a file that is not Parquet
+        raise ManifestError(f"manifest {uri} is not a readable Parquet file ({(str(err).splitlines() or [''])[0]})") from None
+    names = set(meta.schema.to_arrow_schema().names)
+    missing = [c for c in columns if c not in names] + ([] if {"image_bytes", "image_uri"} & names
+                                                         else ["image_bytes or image_uri"])
+    if missing:
+        raise ManifestError(f"manifest {uri} lacks the columns {', '.join(missing)} (jobs/build_manifests.py writes them)")
+    if meta.num_rows == 0:
+        raise ManifestError(f"manifest {uri} has no rows")
+    return meta.num_rows
+
+
 def row_image(row: dict, store: Storage):
     """A manifest row's image (inline bytes or its URI), decoded to RGB."""
     from PIL import Image

@@ -171,12 +171,30 @@ def model_position_limit(store: Storage, uri: str) -> int | None:
         return position_limit(AutoConfig.from_pretrained(d, local_files_only=True))
 
 
-def model_identity(store: Storage, uri: str) -> dict:
-    """spec_core's `target_identity` of the model at `uri`, naming `uri` itself: a local directory
-    exactly as before, a remote one from its config.json alone."""
-    from spec_core.targets import target_identity
+class ModelDirError(ValueError):
+    """A target directory a job cannot use (config, model class, weights); str() is the one line."""
 
-    if scheme_of(uri) == "file":
-        return target_identity(uri)
+
+WEIGHTS = (".safetensors", ".bin")
+
+
+def model_identity(store: Storage, uri: str) -> dict:
+    """spec_core's `target_identity` of the model at `uri`, naming `uri` itself (a local directory
+    exactly as before, a remote one from its config.json alone), after checking on the driver
+    what a worker would find late: config.json readable JSON of a supported VLM class
+    (`spec_core.targets.target_config`), weights beside it. ModelDirError otherwise."""
+    from spec_core.targets import target_config, target_identity
+
+    local = scheme_of(uri) == "file"
     with _config_dir(store, uri) as d:
-        return {**target_identity(d), "target_path": uri}
+        if not (Path(d) / "config.json").is_file():
+            raise FileNotFoundError(f"target path {uri!r} is not a model directory (no config.json)")
+        try:
+            target_config(d, name=f"target {uri}")
+        except ValueError as err:
+            raise ModelDirError(str(err)) from None
+        ident = target_identity(uri) if local else {**target_identity(d), "target_path": uri}
+    names = os.listdir(_local_path(uri)) if local else store.list(uri)
+    if not any(n.endswith(WEIGHTS) for n in names):
+        raise ModelDirError(f"target {uri} has a config.json but no weights ({' or '.join('*' + w for w in WEIGHTS)})")
+    return ident

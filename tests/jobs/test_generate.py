@@ -171,8 +171,10 @@ def test_a_rerun_redoes_only_uncommitted_shards(run, ray_local):
     shards = run_dir / "shards"
     before = committed_shards(store, str(shards))
     Path(marker_uri(str(shards), 1)).unlink()  # as if the job died before shard 1's commit
+    responses0 = shards / "responses" / "shard-00000.parquet"
+    responses0.write_bytes(responses0.read_bytes()[:-64])  # and shard 0's file lost its tail: redone too
     m = main(_cfg(root, out))
-    assert m["stages"]["generate"]["items"] == 1
+    assert m["stages"]["generate"]["items"] == 2
     assert committed_shards(store, str(shards)).keys() == before.keys()
     again = pq.read_table(run_dir / "responses.parquet").to_pylist()
     key = lambda r: (r["method"], r["id"], r["turn"])  # noqa: E731
@@ -198,6 +200,13 @@ def test_config_mistakes_fail_before_any_work(world, tmp_path):
         main(_cfg(root, tmp_path, methods={"ar": {"kind": "ar"}, "fovea": {"kind": "medusa", "drafter": str(root / "drafter")}}))
     with pytest.raises(FileNotFoundError, match="no manifest"):
         main(_cfg(root, tmp_path, data={"manifest": str(tmp_path / "empty")}))
+
+
+def test_a_manifest_whose_every_row_is_rejected_is_not_a_success(world, ray_local, tmp_path):
+    root, _ = world
+    with pytest.raises(ValueError, match=r"^no usable row: all 2 rows were rejected \(commonest: .*image unreadable"):
+        main(_cfg(root, tmp_path, data={"manifest": str(root / "eval" / "bad.parquet")},
+                  compute={"num_actors": 1, "batch_sizes": [1]}))
 
 
 def test_sampling_runs_are_reproducible(world, ray_local, tmp_path):

@@ -171,6 +171,8 @@ def test_an_image_whose_owner_sample_is_rejected_still_gets_its_visual_tokens(wo
 @pytest.mark.ray  # the killed run is a subprocess with its own Ray
 @pytest.mark.slow
 def test_a_killed_run_reruns_to_exactly_once(world, tmp_path):
+    """Killed part-way, one committed shard's file then replaced by another's: the rerun redoes
+    the unfinished shards and the damaged one (said in one line), 0 lost, 0 duplicated."""
     root, samples, manifest = world
     out = tmp_path / "out"
     args = [sys.executable, str(REPO / "jobs/precompute.py"), "--config", str(REPO / "manifests/jobs/precompute.yaml"),
@@ -190,8 +192,12 @@ def test_a_killed_run_reruns_to_exactly_once(world, tmp_path):
     proc.wait()
     assert art is not None, "the job committed no shard before the deadline"
     n_shards = -(-len(samples) // 2)
-    assert len(committed_shards(Storage(), str(art))) < n_shards  # killed part-way
-    subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    committed = sorted(committed_shards(Storage(), str(art)))
+    assert len(committed) < n_shards  # killed part-way
+    a, b = committed[:2]  # a committed file copied over by another shard's: the marker is not trusted
+    (art / "samples" / f"shard-{b:05d}.parquet").write_bytes((art / "samples" / f"shard-{a:05d}.parquet").read_bytes())
+    r = subprocess.run(args, env=env, check=True, capture_output=True, text=True, timeout=300)
+    assert f"precompute: shard {b} does not match its marker (samples/shard-{b:05d}.parquet " in r.stdout, r.stdout
     ids = read_kind(Storage(), str(art), "samples").column("id").to_pylist()
     assert len(ids) == len(set(ids)) == len(samples)  # 0 lost, 0 duplicated
     assert sorted(ids) == sorted(s["id"] for s in samples)

@@ -202,3 +202,31 @@ def test_precompute_down_past_the_budget_is_one_line_then_resumes(world, s3_serv
     r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)  # storage is back
     assert r.returncode == 0, r.stderr[-3000:]
     _exactly_once(s3_bucket, world[1])
+
+
+def test_faults_inside_ray_are_one_line_with_their_cause(capsys):
+    """A full disk or a refused permission inside a Ray task (its path kept), a Ray Train worker's
+    failure (WorkerGroupError around it), an actor dead past its retries: one line, exit 1."""
+    import errno
+
+    from ray.exceptions import ActorDiedError, RayTaskError
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/out/run/samples/shard-00002.parquet")
+    task = RayTaskError("TargetStage.__call__", "Traceback ...\nOSError: ...", full).as_instanceof_cause()
+    workers = WorkerGroupError("rank 1: PermissionError", {
+        1: RayTaskError("train_worker", "Traceback ...", PermissionError(errno.EACCES, "Permission denied",
+                                                                         "/ckpt/step-4")).as_instanceof_cause(),
+        3: RuntimeError("later")})
+    cases = {task: "precompute: OSError: [Errno 28] No space left on device: '/out/run/samples/shard-00002.parquet'",
+             workers: "precompute: PermissionError: [Errno 13] Permission denied: '/ckpt/step-4'"}
+    for err, line in cases.items():
+        def raise_it(err=err):
+            raise err
+        code, stderr = _exit_and_stderr(raise_it, capsys, ConnectionError)
+        assert code == 1 and stderr == line + "\n", stderr
+
+    def died():
+        raise ActorDiedError()
+    code, stderr = _exit_and_stderr(died, capsys, ConnectionError)
+    assert code == 1 and stderr.startswith("precompute: ActorDiedError: ") and len(stderr.splitlines()) == 1, stderr

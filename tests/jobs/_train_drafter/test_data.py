@@ -160,3 +160,29 @@ def test_a_row_that_shares_its_images_prompt_prefix_decodes_to_all_its_states(tm
     got[0]["prefix_ids"] = [1, 4, 9, 9, 8]  # a prefix the row does not begin with
     with pytest.raises(ValueError, match="prefix of 5 tokens"):
         decode_rows(got[:1], D, "float16")
+
+
+@pytest.mark.parametrize("damage", ["swapped", "truncated", "zeroed"])
+def test_a_shard_unlike_its_marker_stops_the_read_or_is_quarantined(artifacts, damage):
+    """Shard 0's samples file replaced by shard 1's (a valid file under another name), cut to
+    half, or zeroed (same size): `fail` is one line naming the shard and what differs; `skip`
+    trains on the rest, less the samples whose image only shard 0 held (s3, s5: img-a)."""
+    import pyarrow.parquet as pq
+
+    root, _, _ = artifacts
+    store = Storage()
+    path = join(root, "samples", "shard-00000.parquet")
+    data = store.read_bytes(path)
+    store.write_bytes(path, {"swapped": store.read_bytes(join(root, "samples", "shard-00001.parquet")),
+                             "truncated": data[: len(data) // 2], "zeroed": bytes(len(data))}[damage])
+    with pytest.raises(ArtifactError) as e:
+        open_artifacts(store, root)
+    line = _one_line(e)
+    assert "shard 0 does not match its marker (samples/shard-00000.parquet " in line, line
+    assert ("sha256 differs" if damage == "zeroed" else f"bytes, its marker says {len(data)}") in line, line
+    art = open_artifacts(store, root, "skip")
+    assert art.shards == [1, 2] and list(art.quarantined) == [0] and art.owners == {"img-b": 1}
+    assert art.n_samples == 2 and art.lost_samples == 4
+    rows = [r for k in art.shards for r in attach_visual(pq.read_table(art.shard_uri("samples", k)), root,
+                                                          art.owners, store.cfg, drop_unowned=True).to_pylist()]
+    assert sorted(r["id"] for r in rows) == ["s2", "s4"]

@@ -193,3 +193,27 @@ def test_local_paths_and_identities(target, s3_bucket, tmp_path, monkeypatch):
         model_identity(Storage(), f"{s3_bucket}/empty")
     with pytest.raises(FileNotFoundError, match="holds no objects"):
         fetch_model(f"{s3_bucket}/empty", None)
+
+
+def test_a_directory_no_job_can_use_is_one_line_on_the_driver(target, s3_bucket, tmp_path):
+    """Invalid config.json, a plain LM (no image path), a config with no weights, local or on
+    S3: ModelDirError naming the directory and what is wrong, before any worker starts."""
+    from transformers import LlamaConfig
+
+    bad_json, lm, bare = tmp_path / "bad_json", tmp_path / "lm", tmp_path / "bare"
+    bad_json.mkdir()
+    (bad_json / "config.json").write_text('{"model_type": "llava",')
+    LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                vocab_size=64).save_pretrained(lm)
+    (lm / "model.safetensors").write_bytes(b"")
+    bare.mkdir()
+    (bare / "config.json").write_bytes((target / "config.json").read_bytes())
+    cases = {bad_json: "config.json is not valid JSON", lm: "holds a 'llama' model, not a supported VLM target",
+             bare: "has a config.json but no weights (*.safetensors or *.bin)"}
+    for local, what in cases.items():
+        uri = f"{s3_bucket}/dirs/{local.name}"
+        upload(local, uri)
+        for where in (str(local), uri):
+            with pytest.raises(model_cache.ModelDirError) as e:
+                model_identity(Storage(), where)
+            assert str(e.value).startswith(f"target {where}") and what in str(e.value) and "\n" not in str(e.value)

@@ -43,7 +43,8 @@ def test_load_target_refuses_anything_but_a_local_model_directory(tmp_path):
         with pytest.raises(ValueError, match="existing local model directory"):
             load_target(bad)
     _tiny_llama().save_pretrained(tmp_path / "llama")
-    with pytest.raises(ValueError, match="holds a 'llama' model; supported: llava, llava_next, qwen2_5_vl"):
+    with pytest.raises(ValueError, match="holds a 'llama' model, not a supported VLM target; "
+                                         "supported: llava, llava_next, qwen2_5_vl"):
         load_target(tmp_path / "llama")
 
 
