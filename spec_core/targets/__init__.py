@@ -51,6 +51,25 @@ def target_identity(path: str | Path) -> dict:
             "hidden_size": text.get("hidden_size"), "vocab_size": text.get("vocab_size")}
 
 
+def target_config(path: str | Path, name: str | None = None):
+    """The checked config of a saved target: config.json valid JSON, naming a supported VLM class.
+    ValueError (one line, naming `name`, default the directory) otherwise."""
+    directory, name = Path(path), name or str(path)
+    try:
+        json.loads((directory / "config.json").read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{name}: config.json is not valid JSON ({err})") from None
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    except (ValueError, KeyError) as err:
+        raise ValueError(f"{name}: config.json names no model class transformers knows "
+                         f"({(str(err).splitlines() or [''])[0]})") from None
+    if type(config) not in TARGETS:
+        supported = ", ".join(c.model_type for c in TARGETS)
+        raise ValueError(f"{name} holds a {config.model_type!r} model, not a supported VLM target; supported: {supported}")
+    return config
+
+
 def load_image_encoder(directory: str | Path) -> ImageEncoder:
     """The image encoder of a saved target, chosen by its config class (never by its name)."""
     config = AutoConfig.from_pretrained(directory, local_files_only=True)
@@ -66,10 +85,7 @@ def load_target(path: str | Path, dtype: torch.dtype | None = None,
     if not (directory.is_dir() and (directory / "config.json").is_file()):
         raise ValueError(f"load_target needs an existing local model directory with a config.json, "
                          f"got {str(path)!r} (hub ids are not resolved)")
-    config = AutoConfig.from_pretrained(directory, local_files_only=True)
-    if type(config) not in TARGETS:
-        supported = ", ".join(c.model_type for c in TARGETS)
-        raise ValueError(f"{directory} holds a {config.model_type!r} model; supported: {supported}")
+    config = target_config(directory)
     model_cls, adapter_cls = TARGETS[type(config)]
     model = model_cls.from_pretrained(directory, config=config, local_files_only=True, dtype=dtype)
     if device is not None:
@@ -80,5 +96,5 @@ def load_target(path: str | Path, dtype: torch.dtype | None = None,
 
 __all__ = ["LayerChoice", "LlavaAdapter", "LlavaNextAdapter", "MinEntropyLayer", "PrefillOutput",
            "Qwen2_5_VLAdapter", "TARGETS", "TargetAdapter", "adapter_for", "load_image_encoder", "load_target",
-           "pack_visual", "position_limit", "position_overflow", "searched_layers", "target_identity",
+           "pack_visual", "position_limit", "position_overflow", "searched_layers", "target_config", "target_identity",
            "text_position_ids"]
