@@ -89,17 +89,18 @@ def main(cfg: BenchmarkConfig) -> dict:
     rec = RunRecorder("benchmark", cfg, run_dir, store)
     baseline, settings = cfg.compare[0], []
     for t, gcfg in zip(cfg.temperatures, gcfgs):
+        name = "greedy (temperature 0)" if t == 0 else f"sampling at temperature {t:g}"
         with rec.stage(f"generate_t{t:g}"):
-            g = generate_main(gcfg)
+            try:
+                g = generate_main(gcfg)
+            except ValueError as err:  # every turn rejected: nothing to compare at this setting
+                if str(err).startswith("no usable row"):
+                    raise ValueError(f"{name}: {err}") from None
+                raise
         rec.include_cost(f"generate_t{t:g}", g)  # the generate run's device time, priced by this config
         gdir = g["figures"]["run_dir"]
         metrics = pq.read_table(io.BytesIO(store.read_bytes(join(gdir, "metrics.parquet")))).to_pylist()
         tasks, throughput = g["details"]["per_task"], g["details"]["throughput"]
-        name = "greedy (temperature 0)" if t == 0 else f"sampling at temperature {t:g}"
-        if not metrics:  # every turn rejected: nothing to compare (its generate run holds the reasons)
-            reasons = g["figures"].get("rejects") or ["none recorded"]
-            raise ValueError(f"{name}: no turn was decoded - {len(reasons)} rejects, e.g. {reasons[0]!r} "
-                             f"(all of them: {join(gdir, 'rejects.parquet')})")
         st = {"name": name, "sampled": t > 0, "samples": g["counts"].get("samples", 0),
               "turns": g["counts"].get("turns", 0), "tasks": tasks, "throughput": throughput,
               "per_sample": br.per_sample_speedup(metrics, cfg.compare, baseline),

@@ -269,10 +269,13 @@ def main(cfg: GenerateConfig) -> dict:
 
 
 def nothing_usable(rejects: list[dict]) -> str:
-    """The one line of a run whose every row was rejected: how many, and the commonest reasons."""
-    reasons = Counter(r["reason"].split(":")[0] for r in rejects).most_common(3)
+    """The one line of a run whose every row was rejected: how many, the commonest reasons, and one
+    of the commonest in full."""
+    kinds = Counter(r["reason"].split(":")[0] for r in rejects)
+    top = kinds.most_common(1)[0][0]
+    example = next(f"{r['id']}: {r['reason']}" for r in rejects if r["reason"].split(":")[0] == top)
     return (f"no usable row: all {len({r['id'] for r in rejects})} rows were rejected (commonest: "
-            + "; ".join(f"{why} x{n}" for why, n in reasons) + ")")
+            + "; ".join(f"{why} x{n}" for why, n in kinds.most_common(3)) + f"), e.g. {example!r}")
 
 
 def finish(rec: RunRecorder, store: Storage, run_dir: str, methods: list[str], tables: dict,

@@ -108,8 +108,8 @@ def test_no_room_for_a_prompt_fails_first_and_a_setting_with_every_turn_rejected
         main(_cfg(world, tmp_path / "a", target={"path": short}, methods=methods, compare=list(methods),
                   max_new_tokens=40))
     assert not (tmp_path / "a" / "generate").exists()  # no generate run began
-    with pytest.raises(ValueError, match=r"greedy \(temperature 0\): no turn was decoded - \d+ rejects, "
-                                         r"e\.g\. '[\w-]+: beyond the position table: \d+ tokens \+ 16 new > "
-                                         r"max_position_embeddings 40'"):
+    with pytest.raises(ValueError, match=r"greedy \(temperature 0\): no usable row: all \d+ rows were rejected "
+                                         r"\(commonest: beyond the position table x\d+\), e\.g\. '[\w-]+: beyond "
+                                         r"the position table: \d+ tokens \+ 16 new > max_position_embeddings 40'"):
         main(_cfg(world, tmp_path / "b", target={"path": short}, methods=methods, compare=list(methods),
                   compute={"num_actors": 1, "batch_sizes": [1]}))

@@ -111,6 +111,7 @@ def test_precompute_with_the_target_on_s3_equals_local_paths(world, ray_local, t
     other = json.loads((root / "target" / "config.json").read_text())
     other["text_config"]["hidden_size"] *= 2
     store.write_text(f"{bucket}/other/config.json", json.dumps(other))
+    store.write_bytes(f"{bucket}/other/model.safetensors", b"")  # (weights are not read on the driver)
     with pytest.raises(ArtifactError, match=f"have hidden_size .* but target {bucket}/other has"):
         train_drafter(TrainDrafterConfig.model_validate({
             "run": {"output_uri": str(tmp_path)}, "ray": {"num_cpus": 2},

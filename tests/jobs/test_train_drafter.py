@@ -256,6 +256,7 @@ def test_bad_inputs_stop_before_training_with_one_line(world, tmp_path):
     cfg = json.loads((target / "config.json").read_text())
     cfg["text_config"]["hidden_size"] *= 2
     (other / "config.json").write_text(json.dumps(cfg))
+    (other / "model.safetensors").write_bytes(b"")  # (weights are not read before the check)
     cases = {f"data.artifacts={tmp_path / 'nope'}": f"ArtifactError: artifacts {tmp_path / 'nope'} does not exist",
              f"target.path={other}": f"ArtifactError: artifacts {art} have hidden_size"}
     for override, expected in cases.items():
