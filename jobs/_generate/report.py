@@ -13,9 +13,9 @@ import io
 from collections import defaultdict
 
 from jobs.lib.metrics import PLOT_LOCK, fmt
+from spec_core.decoding.goodput import GoodputPolicy
 
 ALL = "all"
-POLICY_COUNTS = ("steps", "nodes", "depth", "predicted_accepted", "observed_accepted")  # goodput stats that add up
 
 
 def _key(r: dict) -> tuple[str, int]:
@@ -60,7 +60,7 @@ def throughput_table(records: list[dict], methods: list[str], baseline: str) -> 
                     phases[m][batch][phase] += sec
                 for k, v in t.get("policy", {}).items():  # counts add up; the cost fit: the latest shard's
                     p = policy[m][batch]
-                    p[k] = p.get(k, 0) + v if k in POLICY_COUNTS else v
+                    p[k] = p.get(k, 0) + v if k in GoodputPolicy.ADDITIVE else v
     out = {}
     for m in methods:
         out[m] = {}
@@ -75,6 +75,14 @@ def throughput_table(records: list[dict], methods: list[str], baseline: str) -> 
             if policy[m].get(batch):
                 out[m][batch]["policy"] = policy[m][batch]
     return out
+
+
+def _choices(p: dict) -> str:
+    """A goodput run's steps by kind and what its learning lost to AR (cells of the policy table)."""
+    steps = max(p["steps"], 1)
+    kinds = " / ".join(f"{p.get(k, 0) / steps:.0%}" for k in ("ar_steps", "explorations", "probes"))
+    share = p.get("learning_loss_s", 0.0) / p["ar_equivalent_s"] if p.get("ar_equivalent_s") else None
+    return f"{kinds} | {p.get('learning_loss_s', 0.0):.2f} ({fmt(share, '.1%')})"
 
 
 def overtaken_at(throughput: dict[str, dict], method: str) -> int | None:
@@ -184,8 +192,9 @@ def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list
                   "forward, acceptance predicted vs observed)", "",
                   "| method | batch | steps | nodes per slot per step | draft depth per step | verify ms = a + b x tokens "
                   "| verify ms by tokens (the curve the policy uses, tokens:ms) "
-                  "| draft ms per depth | commit ms beyond AR's | ms every step pays | accepted drafts predicted / observed |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| draft ms per depth | commit ms beyond AR's | ms every step pays | accepted drafts predicted / observed "
+                  "| steps AR / explorations / probes | learning lost to AR (s; share of AR's time) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for m, b, p in chosen:
             calib = p["predicted_accepted"] / p["observed_accepted"] if p.get("observed_accepted") else None
             lines.append(f"| {m} | {b} | {p['steps']} | {p['nodes'] / max(p['steps'], 1):.2f} | "
@@ -193,7 +202,7 @@ def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list
                          f"{p['verify_ms_intercept']:.2f} + {p['verify_ms_per_token']:.3f} x T | "
                          f"{p.get('verify_curve') or '-'} | {p['draft_ms_per_depth']:.2f} | "
                          f"{p.get('commit_extra_ms', 0.0):.2f} | "
-                         f"{p.get('step_overhead_ms', 0.0):.2f} | {fmt(calib)} |")
+                         f"{p.get('step_overhead_ms', 0.0):.2f} | {fmt(calib)} | {_choices(p)} |")
     if memory:
         lines += ["", "## Memory (peak, MiB; delta to " + f"`{baseline}`)", "",
                   "| method | " + " | ".join(memory[methods[0]]) + " |", "|" + "---|" * (1 + len(memory[methods[0]]))]

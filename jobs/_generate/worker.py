@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from jobs.lib.ray_setup import where_am_i
 from jobs.lib.storage import Storage, StorageConfig, StorageUnavailable
+from spec_core.decoding.goodput import GoodputPolicy
 
 RESPONSES_SCHEMA = pa.schema([
     ("id", pa.string()), ("source", pa.string()), ("task", pa.string()), ("turn", pa.int32()),
@@ -56,7 +57,6 @@ REJECTS_SCHEMA = pa.schema([
     ("stage", pa.string()), ("reason", pa.string()),
 ])
 KINDS = {"responses": RESPONSES_SCHEMA, "metrics": METRICS_SCHEMA, "rejects": REJECTS_SCHEMA}
-ADDITIVE = ("steps", "nodes", "depth", "predicted_accepted", "observed_accepted")  # goodput stats summed over shards
 
 
 @dataclass(frozen=True)
@@ -320,7 +320,7 @@ class GenerateWorker:
                 throughput[name][str(batch)]["phases"] = {p: v - before.get(p, 0.0) for p, v in engine.phase_s.items()}
                 if getattr(engine, "policy", None) is not None:  # goodput: its choices and fit, this shard
                     now, was = engine.policy.stats(), policy0.get((name, batch), {})
-                    throughput[name][str(batch)]["policy"] = {k: v - was.get(k, 0) if k in ADDITIVE else v
+                    throughput[name][str(batch)]["policy"] = {k: v - was.get(k, 0) if k in GoodputPolicy.ADDITIVE else v
                                                               for k, v in now.items()}
         compiled: dict[str, dict] = {}  # per method and batch size, over the actor's life (steps compile once)
         for (name, batch), engine in self.engines.items():

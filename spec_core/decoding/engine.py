@@ -300,7 +300,7 @@ class DecodeEngine:
         self.len_host[b], self.root_host[b] = T, y
         if self.medusa:
             self.root_h_BD[b] = out.final_hidden_BTD[0, -1]
-        elif self.drafter is not None:
+        elif self.drafter is not None and not self._drafter_retired():
             self._drafter_prefill(b, ids_1T, y, out)
         if self.new_proposer is not None:
             prop = self.proposers[b] = self.new_proposer()
@@ -407,6 +407,11 @@ class DecodeEngine:
         if max(self.pend_host) >= self.pend_max:
             self._drafter_flush()
 
+    def _drafter_retired(self) -> bool:
+        """Whether the goodput policy has settled on AR for good (`GoodputPolicy.settled`): the
+        drafter's state is no longer kept (no feeding, no prefill; nothing will draft again)."""
+        return self.policy is not None and self.policy.settled
+
     def _drafter_flush(self) -> None:
         """Feed every slot's deferred tokens to the drafter in one forward."""
         A = max(self.pend_host)
@@ -438,7 +443,8 @@ class DecodeEngine:
             prefill = self.phase_s["prefill"]
             wall = t_committed - (self._mark[0] or t0) - (prefill - self._mark[1])
             self._mark = (t_committed, prefill)
-            self.policy.cost.observe_commit(tree.size > 0, t_committed - t_verified)
+            if not self.policy.settled:  # (AR for good: the policy only counts the step)
+                self.policy.cost.observe_commit(tree.size > 0, t_committed - t_verified)
             self.policy.observe(tree, self.B, t_verified - t_drafted, t_drafted - t0, depth if tree.size else 0,
                                 path_BD, n_B, active_B, self._draft_width if self.policy.width else 0, wall)
         return [self._finish(b) for b in finished]
@@ -587,7 +593,7 @@ class DecodeEngine:
                             mark_dynamic(torch.tensor(keep_src, device=dev), 1),
                             mark_dynamic(torch.tensor(keep_dst, device=dev), 1), caller=self)
         adv_B, new_tok_BA = torch.tensor(advance, device=dev), torch.tensor(new_tok, device=dev)
-        if self.dcache is not None and any(advance):
+        if self.dcache is not None and any(advance) and not self._drafter_retired():
             if self.lazy and hidden_BMD.shape[1] == 1:  # an AR step: the drafter can wait
                 self._defer(new_tok_BA[:, 0], hidden_BMD[:, 0], adv_B, advance)
             else:

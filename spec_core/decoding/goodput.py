@@ -30,6 +30,12 @@ untouched: any tree is verified by the target's own rule; only the tree's size c
   drafters that score their nodes, by depth for training-free proposers; a prior where nothing
   has been observed yet.
 
+- The floor (`GoodputPolicy._may_learn`): learning steps - explorations, probes - cost time AR
+  would not have spent. They run only while what they lost to AR so far is within `learn_share` of
+  AR's seconds for every token committed so far, plus `learn_allowance` AR steps per engine, and
+  only while some draft could beat AR were every node accepted (`pays_if_accepted`): a drafter
+  that cannot pay settles on AR at that cost, one that pays is never held (its learning gains).
+
 Shapes: B slots, N draft nodes.
 """
 
@@ -547,7 +553,7 @@ class GoodputPolicy:
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
                  explore_share: float = 0.01, learn_every: int = 4, band_curve: bool = False,
                  ar_probe_every: int = 64, replan_every: int = 4, ar_probe_share: float = 0.0025,
-                 explore_rows: int = 6):
+                 explore_rows: int = 6, learn_share: float = 0.02, learn_allowance: float = 4.0):
         # alpha: the value curves' forgetting per step (`_Curves.learn`). At 0.1 a curve rested on the
         # last ~10 steps' trees (at batch 2, ~20 slot-trees; a deep curve, taught by explorations
         # alone, on the last two or three of them) and the plan, an argmax over ~1,000 (class, depth,
@@ -619,6 +625,19 @@ class GoodputPolicy:
         self.ar_probe_every, self._since_ar, self._ar_left = ar_probe_every, 0, 0  # (AR steps left of a probe)
         self._prev_ar = False  # whether the last step verified no node (`observe`)
         self.ar_probe_share, self._ar_probe_loss = ar_probe_share, 0.0  # (seconds a probe loses to the plan)
+        # the floor (`_may_learn`): explorations and probes run while what they lost to AR so far is at
+        # most learn_share of the seconds AR would have taken for every token committed so far, plus
+        # learn_allowance AR steps per engine - so a drafter that cannot pay costs at most about that
+        # share once the allowance is spent, and one that pays (its learning steps beat AR) is never held
+        self.learn_share, self.learn_allowance = learn_share, learn_allowance
+        self.ar_time = 0.0     # seconds AR would have taken for the tokens committed so far
+        self.learn_loss = 0.0  # seconds the learning steps took beyond AR's for their tokens (< 0: they gained)
+        self.explorations, self.probes = 0, 0  # learning steps run
+        # AR for good: set where the plan is AR and no learning may run (`plan`); the engine then
+        # stops keeping the drafter's state (feeding it every token, prefilling it for new requests),
+        # which on AR steps costs what no draft will repay (measured on 2 cores, an untrained FOVEA
+        # drafter on a random small-size LLaVA: 98-99% AR steps, 0.83-0.86x AR's speed at batch 4)
+        self.settled, self._settled_ar_s = False, 0.0  # (an AR step's seconds when it settled)
 
     @property
     def value(self) -> list[list[float] | None]:
@@ -632,15 +651,25 @@ class GoodputPolicy:
 
     def _exploring(self) -> int | None:
         """This step's exploration index, or None."""
+        if self.settled:
+            return None
         if self.steps < self._initial:
             return self.steps % len(self.explore)
         return self._due
 
     def plan(self, n_active: int, rows: int) -> int:
         """The draft depth for this step (0: decode one token, AR)."""
+        if self.settled:  # AR for good
+            self.draft_width, self._probe, self.draft_nodes, self._drafted_nodes = self.width, False, None, 0
+            self.depths.append(0)
+            return 0
         if self.steps == 0 and len(self.classes) > 1:
             self._initial = len(self.explore) * max(1, math.ceil(self.explore_rows / max(n_active, 1)))
         k = self._exploring()
+        if k is not None and self.steps >= 2 and not self._may_learn(rows):  # (the first two calibrate the costs)
+            self._initial = min(self._initial, self.steps)  # the first explorations end here,
+            self._due, self._next_explore = None, self.steps + self.reexplore  # a re-exploration waits
+            k = None
         # a periodic re-exploration while AR is chosen would be a probe as well: the probe's
         # doubling pause decides when to look again
         self.draft_width, self._probe, self._class = self.width, False, len(self.classes) - 1
@@ -668,7 +697,9 @@ class GoodputPolicy:
                 d, n = 0, 0
             self._since_ar = self._since_ar + 1 if d > 0 else 0
             self.idle = self.idle + 1 if planned_ar else 0
-            if planned_ar and self.idle > self.pause:  # probe: do drafts pay again?
+            if planned_ar and not self._may_learn(rows):  # AR, and nothing may be learnt: for good
+                self.settled, self._settled_ar_s = True, self.cost.overhead_s() + self.cost.ar_s(rows)
+            if planned_ar and self.idle > self.pause and self._may_learn(rows):  # probe: do drafts pay again?
                 d, self.idle, self.pause = self.depth, 0, min(2 * self.pause, self.pause_limit(rows))
                 self._probe = True
             elif d > 0:
@@ -681,6 +712,29 @@ class GoodputPolicy:
         if d and self.draft_width is not None:
             self.widths.append(self.draft_width)
         return d
+
+    def _may_learn(self, rows: int) -> bool:
+        """Whether an exploration or a probe may run now: what learning lost to AR so far is within
+        `learn_share` of AR's seconds for the tokens committed so far plus `learn_allowance` AR
+        steps, and some draft could beat AR were every node accepted (`pays_if_accepted`)."""
+        t_ar = self.cost.overhead_s() + self.cost.ar_s(rows)
+        within = self.learn_loss <= self.learn_share * self.ar_time + self.learn_allowance * t_ar
+        return within and self.pays_if_accepted(rows)
+
+    def pays_if_accepted(self, rows: int) -> bool:
+        """Whether a chain of d = 1..depth nodes per slot, every node accepted, would beat an AR
+        step: (1 + d) AR steps' seconds against the chain's draft, the commit extra and the verify of
+        rows x (1 + d) tokens. Where none would (a drafter that costs what the target does, as in the
+        tiny world), no acceptance learnt can make drafting pay: nothing is explored or probed.
+        Before a draft is measured its seconds read 0: every draft could pay."""
+        d_D = np.arange(1, self.depth + 1, dtype=np.float64)
+        if self.depth_scaled:
+            draft_D = d_D * self.cost.draft_depth_s(rows)  # one row per slot and depth: a chain
+        else:
+            draft_D = np.broadcast_to(np.asarray(self.cost.proposer_draft_s(d_D), dtype=np.float64), d_D.shape)
+        other = self.cost.overhead_s()
+        seconds_D = other + self.cost.commit_extra() + draft_D + self.cost.verify_s(rows * self.cost.run_tokens(1 + d_D))
+        return bool(((1 + d_D) * (other + self.cost.ar_s(rows)) > seconds_D).any())
 
     def _ar_gap(self) -> int:
         """Drafting steps between two AR probes: `ar_probe_every`, or as many as make what a probe
@@ -810,7 +864,21 @@ class GoodputPolicy:
         where the policy does not plan it; `wall_s`: seconds since the previous step ended, the
         admissions' prefills between left out - 0 where not measured), and which of its real
         nodes the walk accepted."""
-        self._schedule(self._exploring() is not None, verify_s + draft_s)
+        if self.settled:  # AR for good: a step's bookkeeping costs what it must (AR's seconds as they were)
+            self.steps += 1
+            self.chosen.append(0)
+            self.ar_time += self._settled_ar_s
+            return
+        exploring = self._exploring() is not None
+        active = _host(active_B).astype(bool)
+        n_active, t_ar = int(active.sum()), self.cost.overhead_s() + self.cost.ar_s(rows)
+        ar_s = (n_active + int(_host(n_B)[active].sum())) * t_ar / max(n_active, 1)  # AR's seconds for its tokens
+        self.ar_time += ar_s
+        if exploring or self._probe:  # a learning step: what it took beyond AR's seconds
+            self.learn_loss += (wall_s if wall_s > 0 else verify_s + draft_s) - ar_s
+            self.explorations += exploring
+            self.probes += self._probe and not exploring
+        self._schedule(exploring, verify_s + draft_s)
         self.steps += 1
         if wall_s > 0:
             self.cost.observe_step(wall_s, verify_s, draft_s, tree.size > 0)
@@ -854,11 +922,18 @@ class GoodputPolicy:
         if self._due is None and self.steps + 1 >= self._next_explore:
             self._due, self._cycle = self._cycle % len(self.explore), self._cycle + 1
 
+    # the stats that add up over runs (a report sums them over shards; the rest are the latest's)
+    ADDITIVE = ("steps", "nodes", "depth", "predicted_accepted", "observed_accepted", "ar_steps", "explorations",
+                "probes", "learning_loss_s", "ar_equivalent_s")
+
     def stats(self) -> dict:
-        """What the reports show: nodes and draft depth per step, the cost fit, the calibration."""
+        """What the reports show: nodes and draft depth per step, the steps that were AR, explorations
+        and probes and what learning lost to AR (s; < 0: it gained), the cost fit, the calibration."""
         a, b = self.cost.coefficients()
         return {"steps": self.steps, "nodes": sum(self.chosen), "depth": sum(self.depths),  # additive
                 "predicted_accepted": self.predicted, "observed_accepted": self.accepted,
+                "ar_steps": self.depths.count(0), "explorations": self.explorations, "probes": self.probes,
+                "learning_loss_s": self.learn_loss, "ar_equivalent_s": self.ar_time,
                 "verify_ms_intercept": 1e3 * a, "verify_ms_per_token": 1e3 * b,  # the current line
                 "verify_curve": self.cost.describe_curve(),
                 "draft_ms_per_depth": 1e3 * self.cost.draft_per_depth,

@@ -64,3 +64,17 @@ def test_render_and_cdf():
     assert "| cap | 1 | 5.00 | 4.00 | 4.00x |" in md
     assert "| 1 | 10.0 | 20.0 (2.00x) |" in md and "ahead of `ar`" in md and "![latency CDF]" in md
     assert gr.latency_cdf_png(METRICS, ["ar", "spec"])[:4] == b"\x89PNG"
+
+
+def test_the_goodput_table_says_what_the_policy_chose_and_what_learning_cost():
+    """Per method and batch size: the shares of AR steps, explorations and probes, and the seconds
+    learning lost to AR (summed over shards) against AR's seconds for the same tokens."""
+    pol = {"steps": 50, "nodes": 20, "depth": 10, "predicted_accepted": 5.0, "observed_accepted": 4.0, "ar_steps": 40,
+           "explorations": 4, "probes": 1, "learning_loss_s": 0.2, "ar_equivalent_s": 5.0, "verify_ms_intercept": 1.0,
+           "verify_ms_per_token": 0.1, "draft_ms_per_depth": 0.5}
+    recs = [{"throughput": {"ar": {"1": {"tokens": 100, "seconds": 10.0}},
+                            "spec": {"1": {"tokens": 100, "seconds": 5.0, "policy": pol}}}}] * 2
+    t = gr.throughput_table(recs, ["ar", "spec"], "ar")
+    assert t["spec"]["1"]["policy"]["probes"] == 2 and t["spec"]["1"]["policy"]["draft_ms_per_depth"] == 0.5
+    md = gr.render(gr.task_table(METRICS, ["ar", "spec"], "ar"), t, {}, {"spec": 0}, ["ar", "spec"], "ar", None)
+    assert "| 80% / 8% / 2% | 0.40 (4.0%) |" in md, md

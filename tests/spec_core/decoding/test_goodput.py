@@ -151,9 +151,28 @@ def _trained_policy(a: float, b: float, per_depth: float, width: int | None = No
 def test_plan_drafts_deep_when_drafts_are_cheap_and_not_at_all_when_they_cost_too_much():
     assert _trained_policy(0.01, 0.0001, per_depth=0.0001).plan(1, 1) == 3
     pol = _trained_policy(0.01, 0.0001, per_depth=1.0)  # a draft costs 100 verifications
-    assert pol.plan(1, 1) == 0
+    assert pol.plan(1, 1) == 0 and not pol.pays_if_accepted(1)
+    assert [pol.plan(1, 1) for _ in range(200)] == [0] * 200  # no acceptance could pay: no probe either
+    pol = _doubtful_policy()  # drafts could pay, but its nodes are seldom accepted
     plans = [pol.plan(1, 1) for _ in range(12)]
     assert plans.count(0) >= 8 and 3 in plans  # AR, with full-depth probes ever further apart
+
+
+def _doubtful_policy() -> GoodputPolicy:
+    """A policy past its exploration whose curves come from unconfident trees: AR is planned, but
+    drafting could pay were its nodes accepted (a draft depth costs 1% of a verification; a
+    verify of 7 tokens two AR steps)."""
+    pol = GoodputPolicy(budget=6, depth=3)
+    pol.cost = _cost(0.01, 0.002)
+    pol.cost.draft_per_depth = 0.0001
+    tree = _confident_tree()
+    tree.score_BN = torch.log(torch.full((1, 6), 0.05, dtype=torch.float64))
+    for _ in range(len(pol.explore)):
+        pol.plan(1, 1)
+        pol.choose(tree, torch.tensor([True]), 1)
+        pol.steps += 1
+    assert pol.plan(1, 1) == 0 and pol.pays_if_accepted(1)
+    return pol
 
 
 def test_plan_is_the_brute_force_best_depth_and_shallower_as_drafting_costs_more():
@@ -185,16 +204,17 @@ def test_a_proposer_chain_deeper_than_the_tree_depth_counts_in_the_deepest_curve
 
 
 def test_probes_where_no_draft_pays_cost_a_bounded_share_of_ar_time():
-    """A full-depth probe that costs 300 AR steps is run at most every probe / (2% of an AR step)
+    """A full-depth probe that costs 2 AR steps is run at most every probe / (2% of an AR step)
     steps once the pause has doubled that far: over 4,000 AR steps the probes' cost stays below
     what the doubling from 1 to that limit spends, and never more often than max_pause allows."""
-    pol = _trained_policy(0.01, 0.0001, per_depth=1.0)
+    pol = _doubtful_policy()
     ar = pol.cost.verify_s(1)
-    probe = 3 * 1.0 + pol.cost.commit_extra() + pol.cost.verify_s(1 + pol.budget)
-    assert pol.pause_limit(1) == pytest.approx(probe / (0.02 * ar), rel=1e-3, abs=1)
+    probe = 3 * 0.0001 + pol.cost.commit_extra() + pol.cost.verify_s(1 + pol.budget)
+    assert pol.pause_limit(1) == pytest.approx(probe / (0.02 * ar), rel=1e-3, abs=1) and pol.pause_limit(1) > 64
     plans = [pol.plan(1, 1) for _ in range(4000)]
     probes = [i for i, d in enumerate(plans) if d]
-    assert 0 < len(probes) <= 13  # 1, 2, 4, ... doubling: about log2(4000) probes
+    limit = pol.pause_limit(1)  # the pause doubles up to it (1, 2, 4, ...), then stays
+    assert 0 < len(probes) <= math.log2(limit) + 2 + 4000 / limit
     assert all(b - a >= 64 for a, b in zip(probes[6:], probes[7:]))  # pauses past max_pause's 64
     cheap = _trained_policy(0.01, 0.0001, per_depth=1e-6)
     assert cheap.pause_limit(1) == cheap.max_pause  # a cheap probe: the usual 64
@@ -732,3 +752,80 @@ def test_under_cuda_graph_buckets_a_step_verifies_a_whole_bucket():
     for p in (0.9, 0.6, 0.3):
         n, _ = choose_nodes(np.full((1, 40), p), np.array([True]), 1, cost)
         assert 1 + n in TOKEN_BUCKETS, (p, n)
+
+
+def _simulate(pol: GoodputPolicy, steps: int, verify, per_depth: float, accepted: bool) -> tuple[float, float]:
+    """Drive a policy as the engine does over `steps` batch-1 steps on synthetic costs (verify(T)
+    seconds for T tokens, per_depth a draft depth) with every drafted node rejected, or every
+    node of the chain 1 -> 2 -> 3 accepted. Returns (seconds, tokens)."""
+    from spec_core.decoding.tree import empty_tree, truncate
+
+    seconds = tokens = 0.0
+    one = torch.tensor([True])
+    for _ in range(steps):
+        d = pol.plan(1, 1)
+        tree, path, n = empty_tree(1, "cpu"), torch.zeros(1, 0, dtype=torch.long), torch.tensor([0])
+        if d:
+            full = _confident_tree()
+            tree = truncate(pol.choose(full, one, 1), pol.chosen[-1])
+            if accepted:
+                k = min(tree.size, 3, d)
+                path, n = torch.arange(1, k + 1)[None], torch.tensor([k])
+        verify_s, draft_s = verify(1 + tree.size), d * per_depth
+        pol.observe(tree, 1, verify_s, draft_s, d if tree.size else 0, path, n, one, wall_s=verify_s + draft_s)
+        seconds += verify_s + draft_s
+        tokens += 1 + int(n[0])
+    return seconds, tokens
+
+
+@pytest.mark.parametrize("per_depth", [0.0001, 0.012])
+def test_where_nothing_pays_learning_costs_a_bounded_share_of_ar_time(per_depth):
+    """Every drafted node rejected: learning (explorations and probes) is spent while what it lost
+    to AR stays within learn_share of AR's seconds for the tokens so far plus learn_allowance AR
+    steps - then the steps are AR's, probes rare. Where a draft depth costs what a verification
+    does (a tiny world's drafter), no chain could pay even accepted: nothing is learnt after the
+    first two calibrating steps."""
+    verify = lambda t: 0.01 + 0.002 * t  # noqa: E731 - AR 12 ms; a 7-token verify 24 ms
+    pol = GoodputPolicy(budget=6, depth=3)
+    seconds, tokens = _simulate(pol, 3000, verify, per_depth, accepted=False)
+    t_ar = verify(1)
+    assert tokens == 3000  # nothing accepted: AR's seconds for them are 3000 AR steps
+    assert seconds <= 3000 * t_ar * (1 + pol.learn_share) + (pol.learn_allowance + 3) * t_ar  # + one step's overshoot
+    assert pol.learn_loss <= pol.learn_share * pol.ar_time + (pol.learn_allowance + 3) * t_ar
+    assert pol.depths[-1000:].count(0) >= 1000 * (1 - pol.learn_share) - 10  # AR, probes rare
+    if per_depth >= 0.01:
+        assert not pol.pays_if_accepted(1) and pol.explorations + pol.probes == 2
+        assert pol.depths[2:] == [0] * 2998
+
+
+def test_where_drafts_pay_learning_is_never_held():
+    """Every chain node accepted at a cheap draft: explorations beat AR, so their loss is a gain
+    and they keep their schedule (re-explorations every `reexplore` steps or so)."""
+    pol = GoodputPolicy(budget=6, depth=3)
+    seconds, tokens = _simulate(pol, 2000, lambda t: 0.01 + 0.0001 * t, 0.0001, accepted=True)
+    assert pol.learn_loss < 0 and tokens / seconds > 2 / 0.0101
+    assert pol.explorations >= len(pol.explore) + 2000 // (2 * pol.reexplore)
+
+
+def test_a_policy_settled_on_ar_retires_the_drafter_and_outputs_stay_ar(tiny_world):
+    """Where the plan is AR and nothing may be learnt (here: no draft could pay even accepted),
+    the policy settles on AR for good after its two calibrating steps: the engine feeds and
+    prefills the drafter no more, and the outputs are AR's token for token."""
+    from spec_core.decoding import DecodeEngine, Request, TreeConfig
+    from tests.spec_core.decoding.conftest import prompt_inputs
+
+    adapter, processor, drafter, evals, _ = tiny_world
+    reqs = [Request(prompt_inputs(processor, s), 12, s["id"]) for s in evals]
+    ar = {r.key: r.sequences[0].tolist() for r in DecodeEngine(adapter, batch_size=2, capacity=512).generate(reqs)}
+    engine = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=TreeConfig(3, 3, 8, policy="goodput"))
+    engine.policy.pays_if_accepted = lambda rows: False
+    engine.policy._best_plan = lambda n_active, rows: (0, 0)  # the plan: AR (whatever this machine's timings)
+    fed, prefilled = [], []
+    feed, prefill = engine._drafter_catch_up, engine._drafter_prefill
+    engine._drafter_catch_up = lambda *a: (fed.append(engine.policy.steps), feed(*a))[1]
+    engine._drafter_prefill = lambda *a: (prefilled.append(engine.policy.steps), prefill(*a))[1]
+    out = {r.key: r.sequences[0].tolist() for r in engine.generate(reqs)}
+    pol = engine.policy
+    assert out == ar and pol.settled and pol.explorations == 2 and pol.depths[2:] == [0] * (len(pol.depths) - 2)
+    settled_at = 3  # the third plan settles (its step number: 2)
+    assert all(s < settled_at for s in fed) and all(s < settled_at for s in prefilled) and len(prefilled) >= 2
