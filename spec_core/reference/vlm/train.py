@@ -33,7 +33,7 @@ READ_LOSS_WORDS: dict[str, frozenset[str] | None] = {"all": None, "signs": froze
 # its colour and its shape, and one head's output decoded to both read neither (signs 0.17 -> 0.40,
 # colours 0.39 -> 0.24 with the loss on every word on the signs' heads). A bar's label and its value
 # share their patches too: labels (copied from the question) are left to the focus alone. Measured
-# on the proxy (scripts/hires_proxy.py, seed 1, general + text + chart VQA, 4 focus heads) against
+# on the proxy (scripts/hires_proxy.py (git, 008eb7f), seed 1, general + text + chart VQA, 4 focus heads) against
 # "signs": read words 0.08 / 0.60 (general / text; 0.10 / 0.53), copied 0.82 / 0.43 (0.98 / 0.50),
 # chart exact match 0.03 (0.08), read loss 1.55 (0.73) - own heads did not read colours or shapes.
 READ_KINDS: tuple[tuple[frozenset[str], int, int], ...] = (
@@ -106,7 +106,7 @@ class VLMTrainConfig:
     # heads add to the residual (their share of o_proj's output, summed over the focus layers) is
     # itself decoded (final norm, lm_head) and taught that word (weight; 0 = off; `read_loss`):
     # object-level focus alone put 5x the attention on the word's patches and read no better -
-    # the heads' outputs did not carry what they attended to (scripts/hires_reads.py)
+    # the heads' outputs did not carry what they attended to (scripts/hires_reads.py (git, 008eb7f))
     read_weight: float = 0.0
     # hires, with read_weight: the words the read loss teaches. "all": every word read from the
     # image; "signs": a sign's word only (its patches show one word, while an object's patches show
@@ -137,7 +137,7 @@ class VLMTrainConfig:
     # "which panel has the sign that says X" with read_loss_words="text"), at this weight (0 = off).
     # Why: the focus loss is the content match itself (-log of the attention mass on the tile), but
     # a search position is ~1% of the positions it averages over; and the linear probe of
-    # `scripts/hires_attention.py --panel-probe` found the "text" arms' values carrying the panel
+    # `scripts/hires_attention.py --panel-probe` (git, 008eb7f) found the "text" arms' values carrying the panel
     # (0.48-0.79) where the heads' output did not (0.09-0.30): the search is what fails. Measured on
     # the proxy with "text" (docs/results.md, 2026-12-06 late night), weights 1 / 3 / 10: the tile
     # found 19 -> 40 / 37 / 41 of 98, "which panel" 13 -> 13 / 9 / 10 of 76, general VQA 0.25 -> 0.15
