@@ -617,6 +617,7 @@ class GoodputPolicy:
         self.depths: list[int] = []            # draft depth per step (0: none)
         self.widths: list[int] = []            # planned draft width per drafting step (width planned)
         self.predicted, self.accepted = 0.0, 0.0  # summed over verified real nodes (calibration)
+        self.tried_rows = 0  # slot-trees those nodes came in
         self._step = None  # the chosen tree's keys for observe (`choose`)
         self._drafted_nodes = 0  # nodes per slot the step's draft built (`choose`; 0 where it built none)
         self._plans, self._seconds = 0, (None, None)  # plans weighed so far; their seconds (_plan_seconds)
@@ -637,7 +638,7 @@ class GoodputPolicy:
         # stops keeping the drafter's state (feeding it every token, prefilling it for new requests),
         # which on AR steps costs what no draft will repay (measured on 2 cores, an untrained FOVEA
         # drafter on a random small-size LLaVA: 98-99% AR steps, 0.83-0.86x AR's speed at batch 4)
-        self.settled, self._settled_ar_s = False, 0.0  # (an AR step's seconds when it settled)
+        self.settled, self._settled_ar_s = False, 0.0  # (an AR step's seconds when it settled; `_hopeless`)
 
     @property
     def value(self) -> list[list[float] | None]:
@@ -697,7 +698,7 @@ class GoodputPolicy:
                 d, n = 0, 0
             self._since_ar = self._since_ar + 1 if d > 0 else 0
             self.idle = self.idle + 1 if planned_ar else 0
-            if planned_ar and not self._may_learn(rows):  # AR, and nothing may be learnt: for good
+            if planned_ar and not self._may_learn(rows) and self._hopeless(rows):  # AR for good
                 self.settled, self._settled_ar_s = True, self.cost.overhead_s() + self.cost.ar_s(rows)
             if planned_ar and self.idle > self.pause and self._may_learn(rows):  # probe: do drafts pay again?
                 d, self.idle, self.pause = self.depth, 0, min(2 * self.pause, self.pause_limit(rows))
@@ -720,6 +721,18 @@ class GoodputPolicy:
         t_ar = self.cost.overhead_s() + self.cost.ar_s(rows)
         within = self.learn_loss <= self.learn_share * self.ar_time + self.learn_allowance * t_ar
         return within and self.pays_if_accepted(rows)
+
+    def _hopeless(self, rows: int) -> bool:
+        """Whether this drafter is past hope, so that the plan's AR may stand for good: no chain
+        could pay even accepted, or the trees verified so far had fewer than `SETTLE_ACCEPTED`
+        nodes accepted per slot-tree (an untrained drafter: ~0). A drafter that pays somewhere
+        accepts several per tree and is never settled: a plan that says AR after its first costly
+        explorations (a large batch on a CPU) still probes later, as the learning budget allows."""
+        if not self.pays_if_accepted(rows):
+            return True
+        return self.tried_rows > 0 and self.accepted / self.tried_rows < self.SETTLE_ACCEPTED
+
+    SETTLE_ACCEPTED = 0.5  # accepted nodes per slot-tree below which a drafter is past hope (trained: ~3)
 
     def pays_if_accepted(self, rows: int) -> bool:
         """Whether a chain of d = 1..depth nodes per slot, every node accepted, would beat an AR
@@ -907,6 +920,7 @@ class GoodputPolicy:
         if p_BN is not None:
             self.predicted += float(p_BN[real_BN].sum())
             self.accepted += float(accepted_BN[real_BN].sum())
+            self.tried_rows += int(real_BN.any(1).sum())
         self.acceptance.observe_keys(key_BN, scored, real_BN, accepted_BN)
 
     def _schedule(self, explored: bool, seconds: float) -> None:

@@ -829,3 +829,15 @@ def test_a_policy_settled_on_ar_retires_the_drafter_and_outputs_stay_ar(tiny_wor
     assert out == ar and pol.settled and pol.explorations == 2 and pol.depths[2:] == [0] * (len(pol.depths) - 2)
     settled_at = 3  # the third plan settles (its step number: 2)
     assert all(s < settled_at for s in fed) and all(s < settled_at for s in prefilled) and len(prefilled) >= 2
+
+
+@pytest.mark.parametrize("accepted, settles", [(0.0, True), (30.0, False)])
+def test_only_a_drafter_past_hope_is_settled_on_ar(accepted, settles):
+    """Learning spent and the plan AR: a drafter whose verified trees had almost nothing accepted
+    (untrained) settles on AR for good; one that accepted several nodes per tree does not - it
+    stays AR while the budget is spent and probes again once the share of AR's time allows."""
+    pol = _doubtful_policy()
+    pol.learn_loss, pol.tried_rows, pol.accepted = 1.0, 10, accepted  # the budget spent
+    assert [pol.plan(1, 1) for _ in range(50)] == [0] * 50 and pol.settled == settles
+    pol.ar_time = 1e6  # AR's seconds so far: the budget's share covers the loss again
+    assert settles or any(pol.plan(1, 1) for _ in range(200))
