@@ -233,6 +233,10 @@ class CostModel(LineFit):
         other = wall_s - verify_s - draft_s - (self.commit_extra() if verified_nodes else 0.0)
         self.overhead = _ema(self.overhead if self.overhead >= 0 else None, max(other, 0.0), alpha)
 
+    def ar_step_s(self, rows: int) -> float:
+        """Seconds of a whole AR step over `rows` slots: what every step pays and AR's verify."""
+        return self.overhead_s() + self.ar_s(rows)
+
     def overhead_s(self) -> float:
         """Seconds every step pays besides its draft, verification and commit extra (0 until measured)."""
         return max(self.overhead, 0.0)
@@ -337,7 +341,7 @@ def step_seconds(cost: CostModel, rows: int, n_max: int, draft_s: float = 0.0) -
     rows x (1 + N) tokens (padded up to their bucket under CUDA graphs: `CostModel.run_tokens`)."""
     seconds_N = np.empty(n_max + 1)
     other = cost.overhead_s()
-    seconds_N[0] = other + cost.ar_s(rows)
+    seconds_N[0] = cost.ar_step_s(rows)
     if n_max:
         verify = cost.verify_s(cost.run_tokens(np.arange(2, n_max + 2, dtype=np.float64)) * rows)
         seconds_N[1:] = other + (draft_s + cost.commit_extra() + verify)
@@ -698,9 +702,10 @@ class GoodputPolicy:
                 d, n = 0, 0
             self._since_ar = self._since_ar + 1 if d > 0 else 0
             self.idle = self.idle + 1 if planned_ar else 0
-            if planned_ar and not self._may_learn(rows) and self._hopeless(rows):  # AR for good
-                self.settled, self._settled_ar_s = True, self.cost.overhead_s() + self.cost.ar_s(rows)
-            if planned_ar and self.idle > self.pause and self._may_learn(rows):  # probe: do drafts pay again?
+            may_learn = planned_ar and self._may_learn(rows)
+            if planned_ar and not may_learn and self._hopeless(rows):  # AR for good
+                self.settled, self._settled_ar_s = True, self.cost.ar_step_s(rows)
+            if may_learn and self.idle > self.pause:  # probe: do drafts pay again?
                 d, self.idle, self.pause = self.depth, 0, min(2 * self.pause, self.pause_limit(rows))
                 self._probe = True
             elif d > 0:
@@ -718,7 +723,7 @@ class GoodputPolicy:
         """Whether an exploration or a probe may run now: what learning lost to AR so far is within
         `learn_share` of AR's seconds for the tokens committed so far plus `learn_allowance` AR
         steps, and some draft could beat AR were every node accepted (`pays_if_accepted`)."""
-        t_ar = self.cost.overhead_s() + self.cost.ar_s(rows)
+        t_ar = self.cost.ar_step_s(rows)
         within = self.learn_loss <= self.learn_share * self.ar_time + self.learn_allowance * t_ar
         return within and self.pays_if_accepted(rows)
 
@@ -747,7 +752,7 @@ class GoodputPolicy:
             draft_D = np.broadcast_to(np.asarray(self.cost.proposer_draft_s(d_D), dtype=np.float64), d_D.shape)
         other = self.cost.overhead_s()
         seconds_D = other + self.cost.commit_extra() + draft_D + self.cost.verify_s(rows * self.cost.run_tokens(1 + d_D))
-        return bool(((1 + d_D) * (other + self.cost.ar_s(rows)) > seconds_D).any())
+        return bool(((1 + d_D) * self.cost.ar_step_s(rows) > seconds_D).any())
 
     def _ar_gap(self) -> int:
         """Drafting steps between two AR probes: `ar_probe_every`, or as many as make what a probe
@@ -782,7 +787,7 @@ class GoodputPolicy:
         step - a small push towards the larger trees that fixed CPU trees showed to win)."""
         other = self.cost.overhead_s()   # what any step pays besides its plan's own seconds
         fixed = other + self.cost.commit_extra()  # any drafting step, besides its depth and verification
-        t_ar = other + self.cost.ar_s(rows)  # an AR step's seconds
+        t_ar = self.cost.ar_step_s(rows)  # an AR step's seconds
         ar_rate = n_active / max(t_ar, 1e-12)
         n_N, w_CN, d_D1 = self._grid
         verify_N = self.cost.verify_s(rows * self.cost.run_tokens(1 + n_N))  # every candidate's verification at once
@@ -884,7 +889,7 @@ class GoodputPolicy:
             return
         exploring = self._exploring() is not None
         active = _host(active_B).astype(bool)
-        n_active, t_ar = int(active.sum()), self.cost.overhead_s() + self.cost.ar_s(rows)
+        n_active, t_ar = int(active.sum()), self.cost.ar_step_s(rows)
         ar_s = (n_active + int(_host(n_B)[active].sum())) * t_ar / max(n_active, 1)  # AR's seconds for its tokens
         self.ar_time += ar_s
         if exploring or self._probe:  # a learning step: what it took beyond AR's seconds
