@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from jobs.lib.config import Strict
 
@@ -71,6 +73,71 @@ def _quiet_stage_tracebacks() -> None:
             log.addFilter(kind())
 
 
+# Where each local Ray a job starts is recorded (driver and Ray's processes, by pid and start time)
+# until the driver exits. A driver killed by SIGKILL takes its GCS and raylet with it, but Ray's
+# agents (DashboardAgent, RuntimeEnvAgent) live on as orphans, ~100 MB each; the next local start
+# stops what such a record names (`stop_leftovers`).
+def _records_dir() -> Path:
+    return Path(os.environ.get("SPEC_RAY_RECORDS", Path.home() / ".cache" / "spec_core" / "ray-local"))
+
+
+def _alive(pid: int, started: float) -> bool:
+    """Whether process `pid` is the one that started at `started` (not a reused pid)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - started) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _record_local_ray() -> None:
+    """Record this driver and the processes of the local Ray it just started; the record goes
+    when the driver exits (atexit), and stays if it is killed."""
+    import atexit
+
+    import psutil
+
+    me = psutil.Process()
+    procs = {}
+    for c in me.children(recursive=True):
+        try:
+            if "ray" in " ".join(c.cmdline()):
+                procs[c.pid] = c.create_time()
+        except psutil.Error:
+            pass
+    path = _records_dir() / f"{me.pid}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"driver": [me.pid, me.create_time()], "procs": sorted(procs.items())}))
+    atexit.register(path.unlink, missing_ok=True)
+
+
+def stop_leftovers() -> int:
+    """Stop the Ray processes of local clusters whose driver died without stopping them (SIGKILL,
+    OOM): every record whose driver is gone, its processes still alive killed. Returns how many."""
+    import signal
+
+    stopped = 0
+    for path in sorted(_records_dir().glob("*.json")) if _records_dir().is_dir() else []:
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            path.unlink(missing_ok=True)
+            continue
+        if _alive(*rec["driver"]):
+            continue
+        for pid, started in rec["procs"]:
+            if _alive(pid, started):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    stopped += 1
+                except ProcessLookupError:
+                    pass
+        path.unlink(missing_ok=True)
+    return stopped
+
+
 def init_ray(cfg: RayConfig) -> dict:
     """Start or join Ray once per process; returns {'mode': 'joined'|'local', 'resources': {...}}."""
     import ray
@@ -87,6 +154,8 @@ def init_ray(cfg: RayConfig) -> dict:
         # execution, i.e. every training epoch: on one node they share its disk and network, and
         # on a few cores their start-up alone stalled each epoch's first batch by 20-40 s.
         os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")  # read by the workers started below
+        if stopped := stop_leftovers():
+            print(f"stopped {stopped} Ray processes that a killed earlier run left behind", file=sys.stderr)
         ray.init(
             address="local",
             num_cpus=cfg.num_cpus,
@@ -96,6 +165,7 @@ def init_ray(cfg: RayConfig) -> dict:
             _node_ip_address="127.0.0.1",  # a local cluster talks over loopback only
             log_to_driver=cfg.log_to_driver,
         )
+        _record_local_ray()
         mode = "local"
     # a Ray Data stage's own exception reaches the driver (not a UserCodeException that has lost
     # it), so jobs can tell an unreachable storage from a bug (jobs.lib.job.one_line_errors)

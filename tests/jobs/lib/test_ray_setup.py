@@ -72,3 +72,46 @@ def test_a_stage_failing_before_any_output_is_said_once(tmp_path):
     # a bug: the job's own traceback, once, ending in the stage's exception
     assert bug.returncode == 1 and bug.stderr.count("Traceback (most recent call last)") == 1, bug.stderr[-3000:]
     assert bug.stderr.strip().splitlines()[-1].startswith("KeyError: 'a bug"), bug.stderr[-3000:]
+
+
+_LOCAL_DRIVER = """
+import time
+from jobs.lib.ray_setup import RayConfig, init_ray
+init_ray(RayConfig(num_cpus=1))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_local_ray_left_by_a_killed_driver_is_stopped_by_the_next_start(tmp_path, monkeypatch):
+    """A driver killed by SIGKILL leaves Ray's agents running as orphans; the next job's local
+    start (`stop_leftovers`, run by init_ray) stops every process its record names, and only them."""
+    import signal
+
+    import psutil
+
+    from jobs.lib import ray_setup
+
+    env = {**os.environ, "SPEC_RAY_RECORDS": str(tmp_path / "records"), "RAY_AUTH_MODE": "disabled"}
+    driver = subprocess.Popen([sys.executable, "-c", _LOCAL_DRIVER], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert driver.stdout.readline().strip() == "ready"
+        (record,) = (tmp_path / "records").glob("*.json")
+        procs = json.loads(record.read_text())["procs"]
+        assert any("raylet" in " ".join(psutil.Process(p).cmdline()) for p, _ in procs), procs
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    time.sleep(3)  # what fate-shares with the driver (GCS, raylet) is gone by now
+    left = [p for p, t in procs if ray_setup._alive(p, t)]
+    assert left, "nothing was left: Ray now stops its agents itself, and stop_leftovers can go"
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    monkeypatch.setenv("SPEC_RAY_RECORDS", env["SPEC_RAY_RECORDS"])
+    try:
+        assert ray_setup.stop_leftovers() == len(left)
+        time.sleep(1)
+        assert not [p for p, t in procs if ray_setup._alive(p, t)]
+        assert not list((tmp_path / "records").glob("*.json")) and bystander.poll() is None
+    finally:
+        bystander.kill()
