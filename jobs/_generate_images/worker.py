@@ -21,6 +21,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
+from jobs.lib.artifact_store import digest
 from jobs.lib.ray_setup import where_am_i
 from jobs.lib.storage import Storage, StorageConfig, join
 
@@ -182,11 +183,35 @@ class ImageWorker:
                 "committed": commits, "entropy": float(res.entropy_B[b]),
                 "latency_s": res.prefill_s + res.loop_s, "e2e_s": e2e_s, "batch_size": len(rows),
                 "peak_bytes": res.peak_bytes, "media": rel, "features": feats[b].tolist(),
+                "media_bytes": len(media[b][0]), "media_sha256": digest(media[b][0]),
                 "background": r.get("background"), "colour": r.get("colour"), "follows": follows,
                 **where_am_i(), **self.metadata,
             }
             self.store.write_text(join(self.run_uri, "items", item_key(r["id"], method, window, seed) + ".json"),
                                   json.dumps(record))
+
+    def _committed(self, key: str, done: set[str]) -> bool:
+        """Whether item `key` has a record whose media file matches it (size and sha256). One that
+        does not (a truncated or swapped file, an unreadable record, a record without checksums) is
+        said in one line and its record deleted, so that the item is redone."""
+        if key not in done:
+            return False
+        uri = join(self.run_uri, "items", key + ".json")
+        try:
+            rec = json.loads(self.store.read_text(uri))
+            data = self.store.read_bytes(join(self.run_uri, rec["media"]))
+            why = (None if len(data) == rec["media_bytes"] and digest(data) == rec["media_sha256"]
+                   else f"{rec['media']} is not the file its record was written for")
+        except FileNotFoundError:
+            why = "its media file is missing"
+        except (ValueError, KeyError, TypeError):
+            why = "its record is unreadable or has no checksum"
+        if why is None:
+            return True
+        print(f"item {key} does not match its record ({why}): redoing it", flush=True)
+        self.store.delete(uri)
+        done.discard(key)
+        return False
 
     def __call__(self, shard: dict) -> dict:
         t0 = time.perf_counter()
@@ -208,7 +233,7 @@ class ImageWorker:
                 for s in range(0, len(rows), self.plan.batch_size):
                     batch = rows[s:s + self.plan.batch_size]
                     for method, window in self.plan.configs(kind, seed):
-                        todo = [r for r in batch if item_key(r["id"], method, window, seed) not in done]
+                        todo = [r for r in batch if not self._committed(item_key(r["id"], method, window, seed), done)]
                         if not todo:
                             continue
                         self._warm_up(kind, method, window, rows)

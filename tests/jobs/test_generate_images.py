@@ -2,7 +2,7 @@
 is committed with its media and record, bad prompts are rejected with a reason while the batch goes
 on, greedy (top-k 1) output of every method equals AR's pixel for pixel (window auto too), a rerun
 redoes exactly the missing items, the report holds every method and window, config mistakes fail
-first."""
+first; a committed item whose media does not match its record is redone."""
 
 from __future__ import annotations
 
@@ -109,15 +109,22 @@ def test_greedy_outputs_equal_ar_and_rerun_redoes_only_missing_items(world, ray_
     lost = sorted(items)[::3]
     for name in lost:
         (run_dir / "items" / name).unlink()
+    # a committed item whose media file was truncated, and one whose media was swapped for another
+    # valid file, are redone on resume (a checksum in each record), not trusted
+    truncated, swapped = sorted(items)[1], sorted(items)[2]
+    media = run_dir / items[truncated]["media"]
+    media.write_bytes(media.read_bytes()[:-7])
+    with Image.open(run_dir / items[swapped]["media"]) as im:  # another valid image in its place
+        im.transpose(Image.Transpose.ROTATE_90).save(run_dir / items[swapped]["media"])
     with pytest.raises(RunMismatch, match=r"data\.limit_per_kind: 1 -> 2"):  # another config: stops, nothing mixed
         main(cfg.model_copy(update={"data": cfg.data.model_copy(update={"limit_per_kind": 2})}))
     assert len(list((run_dir / "items").glob("*.json"))) == len(items) - len(lost)
     m = main(cfg)
-    assert m["stages"]["generate"]["items"] == len(lost)
+    assert m["stages"]["generate"]["items"] == len(lost) + 2
     again = {p.name: json.loads(p.read_text()) for p in (run_dir / "items").glob("*.json")}
     assert set(again) == set(items)
     where_and_when = {"latency_s", "e2e_s", "batch_size", "peak_bytes", "actor", "node"}
-    for name in lost:  # the same item again (its noise is keyed on the prompt, not the batch)
+    for name in [*lost, truncated, swapped]:  # the same item again (its noise is keyed on the prompt, not the batch)
         skip = where_and_when | (SCHEDULE if items[name]["window"] == "auto" else set())
         assert {k: v for k, v in again[name].items() if k not in skip} == \
                {k: v for k, v in items[name].items() if k not in skip}
