@@ -9,6 +9,7 @@ Deterministic per (seed, split, task, index); a killed run resumes split by spli
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -17,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 
 from pydantic import Field  # noqa: E402
 
+from jobs.lib.artifact_store import folder_record, verify_folder  # noqa: E402
 from jobs.lib.config import Strict  # noqa: E402
 from jobs.lib.job import JobConfig, run_job  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
@@ -54,7 +56,14 @@ def write_split(split: str, n: int, cfg: SynthDataConfig, out: str, store: Stora
 
     done = join(out, split, "_SUCCESS")
     if store.exists(done):
-        return 0
+        try:
+            files = json.loads(store.read_text(done)).get("files")
+        except (ValueError, AttributeError):
+            files = None
+        why = verify_folder(store, join(out, split), "_SUCCESS", files)
+        if why is None:
+            return 0
+        print(f"synth_data: split {split} does not match its marker ({why}): redoing it", file=sys.stderr)
     store.delete(join(out, split), recursive=True)  # a partial write from a killed run
     items = [{"split": split, "task": t, "index": i} for t in cfg.data.tasks for i in range(n)]
     blocks = max(1, len(items) // cfg.data.rows_per_block)
@@ -66,7 +75,8 @@ def write_split(split: str, n: int, cfg: SynthDataConfig, out: str, store: Stora
     # cleared first and _SUCCESS written last): retried when storage drops its connection
     ds.write_parquet(path, filesystem=fs,
                      ray_remote_args={"max_retries": 3, "retry_exceptions": list(connection_errors())})
-    store.write_text(done, str(len(items)))
+    # the commit: each file's size and sha256, checked before a rerun trusts the split
+    store.write_text(done, json.dumps({"samples": len(items), "files": folder_record(store, join(out, split), "_SUCCESS")}))
     return len(items)
 
 

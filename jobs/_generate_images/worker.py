@@ -21,7 +21,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from jobs.lib.artifact_store import digest
+from jobs.lib.artifact_store import file_record, mismatch
 from jobs.lib.ray_setup import where_am_i
 from jobs.lib.storage import Storage, StorageConfig, join
 
@@ -183,7 +183,7 @@ class ImageWorker:
                 "committed": commits, "entropy": float(res.entropy_B[b]),
                 "latency_s": res.prefill_s + res.loop_s, "e2e_s": e2e_s, "batch_size": len(rows),
                 "peak_bytes": res.peak_bytes, "media": rel, "features": feats[b].tolist(),
-                "media_bytes": len(media[b][0]), "media_sha256": digest(media[b][0]),
+                "media_file": file_record(media[b][0]),
                 "background": r.get("background"), "colour": r.get("colour"), "follows": follows,
                 **where_am_i(), **self.metadata,
             }
@@ -199,11 +199,7 @@ class ImageWorker:
         uri = join(self.run_uri, "items", key + ".json")
         try:
             rec = json.loads(self.store.read_text(uri))
-            data = self.store.read_bytes(join(self.run_uri, rec["media"]))
-            why = (None if len(data) == rec["media_bytes"] and digest(data) == rec["media_sha256"]
-                   else f"{rec['media']} is not the file its record was written for")
-        except FileNotFoundError:
-            why = "its media file is missing"
+            why = mismatch(self.store, join(self.run_uri, rec["media"]), rec["media"], rec["media_file"])
         except (ValueError, KeyError, TypeError):
             why = "its record is unreadable or has no checksum"
         if why is None:

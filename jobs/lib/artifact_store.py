@@ -104,6 +104,25 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def file_record(data: bytes) -> dict:
+    """What a marker records of one file: its size and sha256."""
+    return {"bytes": len(data), "sha256": digest(data)}
+
+
+def mismatch(store: Storage, uri: str, name: str, want: dict) -> str | None:
+    """None when the file at `uri` has the size and checksum `want` records; else what differs, as
+    one phrase naming it `name`."""
+    try:
+        data = store.read_bytes(uri)
+    except FileNotFoundError:
+        return f"{name} is missing"
+    if len(data) != want["bytes"]:
+        return f"{name} has {len(data)} bytes, its marker says {want['bytes']}"
+    if digest(data) != want["sha256"]:
+        return f"{name} is not the file its marker was written for (sha256 differs, same size)"
+    return None
+
+
 def verify_shard(store: Storage, root: str, k: int, record: dict) -> str | None:
     """None when every file shard k's marker lists is there with the marker's size and checksum;
     else what differs, as one phrase naming the file."""
@@ -112,14 +131,28 @@ def verify_shard(store: Storage, root: str, k: int, record: dict) -> str | None:
         return "its marker records no file checksums (written by an older version)"
     for kind, want in sorted(files.items()):
         name = f"{kind}/{shard_name(k)}.parquet"
-        try:
-            data = store.read_bytes(join(root, kind, f"{shard_name(k)}.parquet"))
-        except FileNotFoundError:
-            return f"{name} is missing"
-        if len(data) != want["bytes"]:
-            return f"{name} has {len(data)} bytes, its marker says {want['bytes']}"
-        if digest(data) != want["sha256"]:
-            return f"{name} is not the file its marker was written for (sha256 differs, same size)"
+        if why := mismatch(store, join(root, kind, f"{shard_name(k)}.parquet"), name, want):
+            return why
+    return None
+
+
+def folder_record(store: Storage, uri: str, marker: str) -> dict[str, dict]:
+    """file name -> file_record for every file in folder `uri` but its `marker` (and temp files)."""
+    return {name: file_record(store.read_bytes(join(uri, name))) for name in sorted(store.list(uri))
+            if name != marker and not TEMP.search(name)}
+
+
+def verify_folder(store: Storage, uri: str, marker: str, files: dict[str, dict] | None) -> str | None:
+    """None when folder `uri` holds exactly the files `files` records, each matching; else what
+    differs, as one phrase (a file more would add rows to every reader of the folder)."""
+    if not files:
+        return "its marker records no file checksums (written by an older version)"
+    extra = sorted(n for n in store.list(uri) if n != marker and n not in files and not TEMP.search(n))
+    if extra:
+        return f"{extra[0]} is not in its marker ({len(extra)} files more than it recorded)"
+    for name, want in sorted(files.items()):
+        if why := mismatch(store, join(uri, name), name, want):
+            return why
     return None
 
 
@@ -160,7 +193,7 @@ def commit_shard(store: Storage, root: str, k: int, rows: dict[str, list[dict]],
         data = table_bytes(pa.Table.from_pylist(kind_rows, schema=kinds[kind]), metadata)
         store.write_bytes(join(root, kind, f"{shard_name(k)}.parquet"), data)
         written += len(data) if kind != "rejects" else 0
-        files[kind] = {"bytes": len(data), "rows": len(kind_rows), "sha256": digest(data)}
+        files[kind] = {**file_record(data), "rows": len(kind_rows)}
     record = {**record, "shard": k, "bytes": written, "files": files, "config_hash": metadata.get("config_hash")}
     store.write_text(marker_uri(root, k), json.dumps(record))
     return record

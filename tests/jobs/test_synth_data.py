@@ -50,6 +50,30 @@ def test_resume_redoes_only_the_unfinished_split(tmp_path, ray_local):
     assert after == before  # deterministic and not duplicated
 
 
+def test_resume_redoes_a_split_whose_files_do_not_match_its_marker(tmp_path, ray_local, capfd):
+    """A truncated file, a file copied in beside the others (duplicate rows for every reader) and
+    a marker without checksums each make a rerun redo that split, said in one line."""
+    import shutil
+
+    cfg = config(str(tmp_path))
+    main(cfg)
+    store, run = Storage(), cfg.run_dir("synth_data")
+    train, ev = join(run, "data", "train"), join(run, "data", "eval")
+    before = sorted(read_split(store, train)["id"].to_pylist())
+    first = sorted(n for n in store.list(train) if n.endswith(".parquet"))[0]
+    shutil.copy(join(train, first), join(train, "copy-" + first))
+    path = join(ev, sorted(n for n in store.list(ev) if n.endswith(".parquet"))[0])
+    store.write_bytes(path, store.read_bytes(path)[:-100])
+    m = main(cfg)
+    assert m["counts"] == {"samples_train": 18, "samples_eval": 12}
+    err = capfd.readouterr().err
+    assert f"split train does not match its marker (copy-{first} is not in its marker" in err
+    assert "split eval does not match its marker (" in err and " bytes, its marker says " in err
+    assert sorted(read_split(store, train)["id"].to_pylist()) == before  # no duplicate row left
+    store.write_text(join(ev, "_SUCCESS"), "12")  # a marker of an older version: no checksums
+    assert main(cfg)["counts"] == {"samples_train": 0, "samples_eval": 12}
+
+
 def test_another_seed_into_the_same_run_stops_or_restarts(tmp_path, ray_local):
     from jobs.lib.run_key import RunMismatch
 
