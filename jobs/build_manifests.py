@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))  # `python jobs/x.py` from anywhere
 
 from pydantic import Field  # noqa: E402
 
+from jobs.lib.checksums import mismatch  # noqa: E402
 from jobs.lib.config import Strict  # noqa: E402
 from jobs.lib.job import JobConfig, run_job  # noqa: E402
 from jobs._build_manifests.manifests import SourceError, build, load_manifest, spec_hash  # noqa: E402
@@ -54,6 +55,17 @@ def manifest_uri(uri: str) -> str:
     return str(REPO / uri)
 
 
+def _changed(store: Storage, out: str, report: dict) -> str | None:
+    """What differs between a finished build's files and the sizes and checksums its report
+    recorded (None: all match; a report without checksums is of an older version)."""
+    if "checksums" not in report:
+        return "its report records no file checksums (written by an older version)"
+    for rel, want in sorted(report["checksums"].items()):
+        if why := mismatch(store, join(out, rel), rel, want):
+            return why
+    return None
+
+
 def main(cfg: BuildManifestsConfig) -> dict:
     store = Storage(cfg.storage)
     manifests = [load_manifest(manifest_uri(u), cfg.data.vars, store) for u in cfg.data.manifests]
@@ -63,6 +75,9 @@ def main(cfg: BuildManifestsConfig) -> dict:
     rec = RunRecorder("build_manifests", cfg, out, store)
     marker = join(out, "manifest_report.json")
     done = store.exists(marker) and json.loads(store.read_text(marker)).get("spec_hash") == digest
+    if done and not cfg.data.force and (why := _changed(store, out, json.loads(store.read_text(marker)))):
+        print(f"build_manifests: {why}: rebuilding", file=sys.stderr)
+        done = False
     if done and not cfg.data.force:
         report, skipped = json.loads(store.read_text(marker)), True
     else:

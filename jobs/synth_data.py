@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 
 from pydantic import Field  # noqa: E402
 
-from jobs.lib.artifact_store import folder_record, verify_folder  # noqa: E402
+from jobs.lib.checksums import folder_record, verify_folder  # noqa: E402
 from jobs.lib.config import Strict  # noqa: E402
 from jobs.lib.job import JobConfig, run_job  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402

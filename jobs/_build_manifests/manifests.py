@@ -47,6 +47,7 @@ from jobs.lib.config import ConfigError, Strict, config_hash
 from jobs._build_manifests.sources import (ERROR_KEY, Conversation, ImageSpec, Uris, conversation_fields,
                                        expand_uris, has_image, read_file, read_image,
                                        with_image_token)
+from jobs.lib.checksums import file_record
 from jobs.lib.records import TURN
 from jobs.lib.storage import Storage, join
 
@@ -392,10 +393,12 @@ def overlap(train: list[dict], evals: list[dict]) -> dict[str, int]:
     return {k: len({r[k] for r in train} & {r[k] for r in evals}) for k in ("id", "image_sha256")}
 
 
-def write_parquet(store: Storage, uri: str, rows: list[dict], schema: pa.Schema) -> None:
+def write_parquet(store: Storage, uri: str, rows: list[dict], schema: pa.Schema) -> dict:
+    """Write the rows; returns the file's record (size, sha256) for the build's report."""
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), buf)
     store.write_bytes(uri, buf.getvalue())
+    return file_record(buf.getvalue())
 
 
 def build(manifests: list[DatasetManifest], out: str, store: Storage | None = None,
@@ -418,15 +421,17 @@ def build(manifests: list[DatasetManifest], out: str, store: Storage | None = No
     store.delete(join(out, "manifest_report.json"))  # the marker of a finished build goes first
     store.delete(join(out, "eval"), recursive=True)
     files = {"train": "train.parquet", "rejects": "rejects.parquet", "eval": {}}
-    write_parquet(store, join(out, files["train"]), train, MANIFEST_SCHEMA)
+    checksums = {files["train"]: write_parquet(store, join(out, files["train"]), train, MANIFEST_SCHEMA)}
     for s in sources:
         if not isinstance(s.split, TrainOnly):
-            files["eval"][s.name] = f"eval/{s.name}.parquet"
-            write_parquet(store, join(out, files["eval"][s.name]), results[s.name].eval, MANIFEST_SCHEMA)
+            files["eval"][s.name] = rel = f"eval/{s.name}.parquet"
+            checksums[rel] = write_parquet(store, join(out, rel), results[s.name].eval, MANIFEST_SCHEMA)
     rejects = [r for res in results.values() for r in res.rejects]
     rejects += [_reject(r, "decontaminate") for r in dropped]
-    write_parquet(store, join(out, files["rejects"]), rejects, REJECT_SCHEMA)
-    report = make_report(manifests, sources, results, train, dropped, after, files)
+    checksums[files["rejects"]] = write_parquet(store, join(out, files["rejects"]), rejects, REJECT_SCHEMA)
+    # the report is the build's marker: each file's size and sha256, which the jobs reading a
+    # manifest check before use (jobs.lib.manifest_rows.check_manifest)
+    report = {**make_report(manifests, sources, results, train, dropped, after, files), "checksums": checksums}
     store.write_text(join(out, "manifest_report.json"), json.dumps(report, indent=2, sort_keys=True))
     return report
 

@@ -21,7 +21,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from jobs.lib.artifact_store import file_record, mismatch
+from jobs.lib.checksums import file_record, mismatch
 from jobs.lib.ray_setup import where_am_i
 from jobs.lib.storage import Storage, StorageConfig, join
 

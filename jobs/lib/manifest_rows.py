@@ -32,7 +32,28 @@ def check_manifest(store: Storage, uri: str, columns: tuple[str, ...]) -> int:
         raise ManifestError(f"manifest {uri} lacks the columns {', '.join(missing)} (jobs/build_manifests.py writes them)")
     if meta.num_rows == 0:
         raise ManifestError(f"manifest {uri} has no rows")
+    if why := _differs_from_its_build(store, uri):
+        raise ManifestError(f"manifest {uri} is not the file jobs/build_manifests.py wrote ({why}): "
+                            "rebuild it with data.force=true")
     return meta.num_rows
+
+
+def _differs_from_its_build(store: Storage, uri: str) -> str | None:
+    """What differs between a manifest and the size and sha256 that the build which wrote it
+    recorded (its manifest_report.json, beside it or one folder up); None where they match or no
+    build recorded the file (a user's own Parquet)."""
+    import json
+
+    from jobs.lib.checksums import mismatch
+
+    parts = uri.rstrip("/").split("/")
+    for up in (1, 2):
+        report = "/".join(parts[:-up] + ["manifest_report.json"])
+        if store.exists(report):
+            rel = "/".join(parts[-up:])
+            want = json.loads(store.read_text(report)).get("checksums", {}).get(rel)
+            return mismatch(store, uri, rel, want) if want else None
+    return None
 
 
 def row_image(row: dict, store: Storage):

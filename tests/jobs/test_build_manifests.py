@@ -77,6 +77,28 @@ def test_rerun_skips_and_force_rewrites_identical_files(tmp_path, tiny_ref):
     assert {n: (out / n).read_bytes() for n in names} == before
 
 
+def test_a_manifest_that_is_not_the_file_its_build_wrote_is_caught(tmp_path, tiny_ref, capfd):
+    """The report records each file's size and sha256: a reader (check_manifest, which precompute
+    and generate run on the driver before any work) stops in one line on a manifest swapped for
+    another valid one, and a rerun of the build rebuilds instead of skipping."""
+    from jobs.lib.manifest_rows import ManifestError, check_manifest
+
+    cfg = config(str(tmp_path), [REFERENCE], vars={"REF": tiny_ref[0]})
+    out, store = Path(main(cfg)["figures"]["manifest_uri"]), Storage()
+    columns = ("id", "task", "conversation")
+    assert check_manifest(store, str(out / "train.parquet"), columns) > 0
+    assert check_manifest(store, str(out / "eval" / "captioning.parquet"), columns) == 2
+    good = (out / "eval" / "captioning.parquet").read_bytes()
+    (out / "eval" / "captioning.parquet").write_bytes((out / "eval" / "text_vqa.parquet").read_bytes())
+    with pytest.raises(ManifestError) as e:
+        check_manifest(store, str(out / "eval" / "captioning.parquet"), columns)
+    assert "is not the file jobs/build_manifests.py wrote (eval/captioning.parquet " in str(e.value)
+    assert "\n" not in str(e.value)
+    again = main(cfg)
+    assert not again["figures"]["skipped"] and "eval/captioning.parquet " in capfd.readouterr().err
+    assert (out / "eval" / "captioning.parquet").read_bytes() == good
+
+
 def png(i: int) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (8, 8), (i, 0, 0)).save(buf, format="PNG")
