@@ -49,8 +49,6 @@ def task_pool(size: VLMSize, tcfg: VLMTrainConfig, samples: list[dict], processo
         if tcfg.read_focus:  # ... narrowed to what shows each word the answer reads
             reads = partial(sample_read_tokens, side=size.image_size // size.patch)
     copy_words = CONTENT_WORDS if tcfg.copy_weight > 0 else None  # hires: for the copy loss
-    if size.anyres and tcfg.pack_tasks:
-        samples = hires.pack_samples(samples, tuple(tcfg.pack_tasks), tcfg.seed)
     return TaskPool.build(samples, processor, size.n_image_tokens, focus=focus, copy_words=copy_words, reads=reads,
                           read_words=READ_WORDS)
 

@@ -69,10 +69,6 @@ class VLMTrainConfig:
     # object-level focus alone put 5x the attention on the word's patches and read no better -
     # the heads' outputs did not carry what they attended to (scripts/hires_reads.py (git, 008eb7f))
     read_weight: float = 0.0
-    # hires: the training samples of these tasks that share an image become one conversation
-    # (`hires.tasks.pack_samples`, task "packed"), so the image's 172 tokens are encoded once for
-    # several answers, as LLaVA's instruction data ask several questions of an image in one turn list
-    pack_tasks: tuple[str, ...] = ()
 
 
 TRAIN_PRESETS = {
@@ -100,13 +96,8 @@ TRAIN_PRESETS = {
     # sign words read 0.17 -> 0.70, text VQA exact match 0.08 -> 0.32, colours 0.39 -> 0.39,
     # copied words 1.00 -> 0.94, chart 0.12 -> 0.10 (the loss on every read word: signs 0.40,
     # colours 0.24, copied 0.78, chart 0.03; at weight 0.3: 0.60, 0.23, 0.80, 0.07)
-    # And an image's general, text and chart questions are packed into one conversation
-    # (`pack_tasks`), measured on the proxy (seed 1, the three tasks, 4000 images, 1500 steps, 100
-    # held-out per task): text VQA 0.25 -> 0.34, its copied words 0.39 -> 0.73 and sign words read
-    # 0.55 -> 0.75, region dependence 0.90 -> 0.96; general 0.13 -> 0.10, chart 0.08 -> 0.09 (colours
-    # and bars read no better); 1.4x the time per step. (Tied embeddings instead: no change.) The full
-    # build with it (2026-12-06, 106 min) read general VQA worse (0.28 -> 0.16; text 0.58 -> 0.64,
-    # chart 0.36, captions 0.14 -> 0.16), so the preset does not pack.
+    # Packing an image's general, text and chart questions into one conversation (its full build
+    # read general VQA 0.28 -> 0.16) and tied embeddings (no change) did not help (git, fc50ae9).
     "hires": VLMTrainConfig(train_per_task=8000, focus_weight=1.0, copy_weight=1.0, read_focus=True,
                             read_weight=1.0, steps=5400),
 }
