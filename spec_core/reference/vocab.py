@@ -58,8 +58,6 @@ NUMBER_WORDS: tuple[str, ...] = (
 BAR_LABELS: tuple[str, ...] = ("A", "B", "C", "D", "E", "F")
 MIN_BARS: int = 3
 MAX_BARS: int = len(BAR_LABELS)
-# what a bar's value reads as in answers: its ten (values sit in 10k..10k+4, k in 1..9; `questions.tens`)
-VALUE_WORDS: frozenset[str] = frozenset(str(10 * k) for k in range(1, 10))
 
 LETTERS: str = "abcdefghijklmnopqrstuvwxyz"
 

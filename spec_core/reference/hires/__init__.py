@@ -3,7 +3,7 @@ six task kinds, several samples per image; its target is a LLaVA-NeXT (AnyRes) m
 
 from spec_core.reference.hires.mosaic import (IMAGE_PX, PANEL_NAMES, PANEL_PX, Mosaic, mosaic_from_json,
                                               render_mosaic, sample_mosaic)
-from spec_core.reference.hires.tasks import all_words, caption, make_sample, make_split, pack_samples
+from spec_core.reference.hires.tasks import all_words, caption, make_sample, make_split
 
 __all__ = ["IMAGE_PX", "Mosaic", "PANEL_NAMES", "PANEL_PX", "all_words", "caption", "make_sample", "make_split",
-           "mosaic_from_json", "pack_samples", "render_mosaic", "sample_mosaic"]
+           "mosaic_from_json", "render_mosaic", "sample_mosaic"]

@@ -22,7 +22,7 @@ import numpy as np
 from spec_core.reference import questions as small_q
 from spec_core.reference import tasks as small
 from spec_core.reference.hires import templates as T
-from spec_core.reference.hires.mosaic import (PANEL_NAMES, Mosaic, mosaic_from_json, mosaic_to_json,
+from spec_core.reference.hires.mosaic import (PANEL_NAMES, Mosaic, mosaic_to_json,
                                               render_mosaic, sample_mosaic)
 from spec_core.reference.questions import CHART, GENERAL, QA, TEXT, ask_one, pick, tens
 from spec_core.reference.scenes import Scene, join_phrases, object_phrase
@@ -156,37 +156,6 @@ def make_split(task: str, n: int, seed: int, split: str) -> list[dict]:
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}.")
     return [make_sample(i, task, seed, split) for i in range(n)]
-
-
-def pack_samples(samples: list[dict], tasks: tuple[str, ...], seed: int) -> list[dict]:
-    """Training samples where those of `tasks` that share an image are one conversation (task
-    "packed"): their turns in a random order, the image opening the first, `scene_json`'s regions
-    following the turns - as LLaVA's instruction data ask several questions of an image in one
-    conversation. The image's 172 tokens are then encoded once for several answers. Other samples
-    pass through unchanged."""
-    rng = np.random.default_rng([int(seed), _QUESTION_SALT, 99])
-    groups: dict[str, list[dict]] = {}
-    out = []
-    for s in samples:
-        if s["task"] in tasks:
-            groups.setdefault(s["image_sha256"], []).append(s)
-        else:
-            out.append(s)
-    for group in groups.values():
-        turns, regions = [], []
-        for s in group:
-            conv = s["conversation"]
-            turns += [(conv[i]["content"].removeprefix(small.IMAGE_TOKEN), conv[i + 1]["content"])
-                      for i in range(0, len(conv), 2)]
-            mosaic, rs = mosaic_from_json(s["scene_json"])
-            regions += rs
-        order = rng.permutation(len(turns))
-        first = group[0]
-        out.append({**first, "id": first["id"].replace(first["task"], "packed", 1), "task": "packed",
-                    "conversation": small.conversation_of([turns[i] for i in order]),
-                    "answers": [turns[i][1] for i in order],
-                    "scene_json": mosaic_to_json(mosaic, [regions[i] for i in order])})
-    return out
 
 
 def all_words() -> frozenset[str]:

@@ -24,7 +24,7 @@ from spec_core.reference.vlm.evaluate import call_cost, quality
 from spec_core.reference.vlm.model import PRESETS, VLMSize, build_processor, build_vlm
 from spec_core.reference.vlm.perception import init_projector, train_perception
 from spec_core.reference.vlm.tokenizer import train_tokenizer
-from spec_core.reference.vlm.train import TRAIN_PRESETS, VLMTrainConfig, read_words_of, train_vlm
+from spec_core.reference.vlm.train import READ_WORDS, TRAIN_PRESETS, VLMTrainConfig, train_vlm
 
 TOKENIZER_VOCAB = 1024
 
@@ -47,14 +47,10 @@ def task_pool(size: VLMSize, tcfg: VLMTrainConfig, samples: list[dict], processo
     if size.anyres and tcfg.focus_weight > 0:  # hires: each answer's panels, for `focus_loss`
         focus = partial(sample_region_tokens, side=size.image_size // size.patch)
         if tcfg.read_focus:  # ... narrowed to what shows each word the answer reads
-            reads = partial(sample_read_tokens, side=size.image_size // size.patch,
-                            answers=tcfg.read_loss_words == "text")
+            reads = partial(sample_read_tokens, side=size.image_size // size.patch)
     copy_words = CONTENT_WORDS if tcfg.copy_weight > 0 else None  # hires: for the copy loss
-    if size.anyres and tcfg.pack_tasks:
-        samples = hires.pack_samples(samples, tuple(tcfg.pack_tasks), tcfg.seed)
     return TaskPool.build(samples, processor, size.n_image_tokens, focus=focus, copy_words=copy_words, reads=reads,
-                          read_words=read_words_of(tcfg), copy_reads=tcfg.copy_reads,
-                          search=tcfg.search_weight > 0)
+                          read_words=READ_WORDS)
 
 
 def build_target(preset: str, out_dir: str, seed: int = 0, samples: list[dict] | None = None,

@@ -170,25 +170,6 @@ def copy_pairs(ids: list[int], labels: list[int], content_ids: frozenset[int],
     return out
 
 
-def search_pairs(ids: list[int], labels: list[int], words: list[str], content_ids: frozenset[int],
-                 reads_per_turn: list[dict[str, np.ndarray] | list[dict[str, np.ndarray]]],
-                 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(query position, key positions) per answer position that reads a word from the image
-    (`read_pairs`' words of a one-region turn) not in its question: the position, and where the
-    question names what the image shows (its content tokens that are read words of the turn:
-    "the cross" of "what colour is the cross?", "pillow" of "which panel has the sign that says
-    pillow?"). What a read looks for, as `copy_pairs` gives a copied word's source."""
-    out = []
-    for (run, question), reads in zip(turn_questions(labels), reads_per_turn, strict=True):
-        if isinstance(reads, list):  # a caption: its question names nothing the image shows
-            continue
-        keys = np.array([i for i in question if ids[i] in content_ids and words[i] in reads], dtype=np.int64)
-        asked = {ids[i] for i in question}
-        if len(keys):
-            out += [(np.array([q]), keys) for q in run if words[q + 1] in reads and ids[q + 1] not in asked]
-    return out
-
-
 def pair_mask(pairs: list[list[tuple[np.ndarray, np.ndarray]]], width: int) -> torch.Tensor:
     """(B, T, T) bool: row b holds True at (query, key) of each of its (queries, keys) pairs."""
     mask_BTT = torch.zeros((len(pairs), width, width), dtype=torch.bool)
@@ -213,28 +194,20 @@ class TaskPool:
     pad_id: int
     focus: dict[str, list[list[tuple[np.ndarray, np.ndarray]]]] | None = None  # task -> per example
     copy: dict[str, list[list[tuple[np.ndarray, np.ndarray]]]] | None = None   # task -> per example
-    read: dict[str, list[list[tuple[int, int]]]] | None = None  # task -> per example, (position predicting a read word, its kind)
-    search: dict[str, list[list[int]]] | None = None  # task -> per example, its search positions (`search_pairs`' queries)
+    read: dict[str, list[list[int]]] | None = None  # task -> per example, the positions predicting a read word
 
     @classmethod
     def build(cls, samples: list[dict], processor, n_image_tokens: int,
               focus: Callable[[dict], list[np.ndarray | list[np.ndarray]]] | None = None,
               copy_words: frozenset[str] | None = None,
               reads: Callable[[dict], list[dict[str, np.ndarray] | list[dict[str, np.ndarray]]]] | None = None,
-              read_words: frozenset[str] | dict[str, int] | None = None, copy_reads: bool = False,
-              search: bool = False) -> TaskPool:
+              read_words: frozenset[str] | None = None) -> TaskPool:
         """`focus(sample)`: per assistant turn, the indices of the image tokens its answer reads
         (or a list of them, one per sentence: `focus_pairs`); `reads(sample)`: per turn, word ->
         the image tokens that show it, where the focus narrows to them (`read_pairs`, `sharpen`);
         `read_words`: only positions predicting one of these words are read positions (`read`,
-        the read loss's), the focus narrows for every read word (None: every read word; a dict:
-        word -> its kind, which `read_BT` holds + 1 - the read loss decodes each kind from heads of
-        its own);
-        `copy_words`: the words whose repetitions from the question are taught (`copy_pairs`);
-        `copy_reads` (with `copy_words` and `reads`): the copy pairs also hold each read
-        position's `search_pairs` (what its question says to look for); `search` (with `copy_words`,
-        `focus` and `reads`): each example lists the queries of its `search_pairs`, which batches
-        carry as `search_BT`."""
+        the read loss's), the focus narrows for every read word (None: every read word);
+        `copy_words`: the words whose repetitions from the question are taught (`copy_pairs`)."""
         rows: dict[str, int] = {}
         pngs = []
         for s in samples:
@@ -246,14 +219,9 @@ class TaskPool:
         foc: dict[str, list] = {}
         cop: dict[str, list] = {}
         rd: dict[str, list] = {}
-        sr: dict[str, list] = {}
         image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
         content = content_token_ids(processor.tokenizer, copy_words) if copy_words else frozenset()
         stop_id = processor.tokenizer.convert_tokens_to_ids(".")  # the full stop, for per-sentence focus
-        searching = search and bool(copy_words) and focus is not None and reads is not None
-        # a read word's kind (None: not a read position of the read loss)
-        kind = read_words.get if isinstance(read_words, dict) else (
-            lambda w: 0 if read_words is None or w in read_words else None)
         for s in samples:
             ids, labels = encode_conversation(processor.tokenizer, list(s["conversation"]), n_image_tokens)
             ex.setdefault(s["task"], []).append((rows[s["image_sha256"]], ids, labels))
@@ -266,20 +234,12 @@ class TaskPool:
                     pairs = sharpen(pairs, rp)
                     queries = [int(q[0]) for q, _ in rp]
                     rd.setdefault(s["task"], []).append(
-                        [(q, k) for q in queries if (k := kind(words[q + 1])) is not None])
+                        [q for q in queries if read_words is None or words[q + 1] in read_words])
                 foc.setdefault(s["task"], []).append(pairs)
-            searched = search_pairs(ids, labels, words, content, shown) \
-                if copy_words and shown is not None and (copy_reads or searching) else []
             if copy_words:
-                pairs = copy_pairs(ids, labels, content)
-                if copy_reads:
-                    pairs += searched
-                cop.setdefault(s["task"], []).append(pairs)
-            if searching:
-                sr.setdefault(s["task"], []).append([int(q[0]) for q, _ in searched])
+                cop.setdefault(s["task"], []).append(copy_pairs(ids, labels, content))
         return cls(images, ex, processor.tokenizer.pad_token_id, foc if focus is not None else None,
-                   cop if copy_words else None, rd if focus is not None and reads is not None else None,
-                   sr if searching else None)
+                   cop if copy_words else None, rd if focus is not None and reads is not None else None)
 
     def batch(self, task: str, size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """A random right-padded training batch of one task."""
@@ -302,14 +262,8 @@ class TaskPool:
         if self.copy is not None:
             out["copy_BTT"] = pair_mask([self.copy[task][j] for j in js], width)
         if self.read is not None:
-            read_BT = torch.zeros((size, width), dtype=torch.long)  # kind + 1, 0: not a read position
+            read_BT = torch.zeros((size, width), dtype=torch.bool)
             for b, j in enumerate(js):
-                for q, k in self.read[task][j]:
-                    read_BT[b, q] = k + 1
+                read_BT[b, self.read[task][j]] = True
             out["read_BT"] = read_BT
-        if self.search is not None:
-            search_BT = torch.zeros((size, width), dtype=torch.bool)
-            for b, j in enumerate(js):
-                search_BT[b, self.search[task][j]] = True
-            out["search_BT"] = search_BT
         return out

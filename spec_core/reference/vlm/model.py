@@ -47,9 +47,6 @@ class VLMSize:
     # a square image of anyres * image_size px is a base view (the whole image downscaled) plus
     # anyres^2 tiles; 0 = LLaVA-1.5, one view.
     anyres: int = 0
-    # the decoder's input embedding and lm_head share one matrix (as Qwen2.5-VL's smaller sizes and
-    # Llama 3.2 1B/3B do); untied, LLaVA-1.5 / NeXT-7B's way, when False
-    tie_embeddings: bool = False
 
     @property
     def n_patches(self) -> int:
@@ -93,11 +90,11 @@ def vlm_config(size: VLMSize, tok: PreTrainedTokenizerFast) -> LlavaConfig | Lla
         num_hidden_layers=size.text_layers, num_attention_heads=size.text_heads,
         num_key_value_heads=size.text_kv_heads, max_position_embeddings=size.max_positions,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=size.tie_embeddings, rope_theta=10000.0,
+        tie_word_embeddings=False, rope_theta=10000.0,
     )
     common = dict(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids("<image>"),
                   vision_feature_select_strategy="default", vision_feature_layer=-1,
-                  projector_hidden_act="gelu", tie_word_embeddings=size.tie_embeddings)
+                  projector_hidden_act="gelu", tie_word_embeddings=False)
     if size.anyres:
         return LlavaNextConfig(**common, image_grid_pinpoints=size.pinpoints, image_seq_length=size.n_patches)
     return LlavaConfig(**common, image_seq_length=size.n_patches)

@@ -15,44 +15,12 @@ import torch
 import torch.nn.functional as F
 from transformers import LlavaForConditionalGeneration
 
-from spec_core.reference.hires.mosaic import PANEL_NAMES
 from spec_core.reference.vlm.data import IGNORE, TaskPool
-from spec_core.reference.vocab import COLOUR_NAMES, LETTERS, ROW_NAMES, SHAPES, VALUE_WORDS, WORDS
+from spec_core.reference.vocab import WORDS
 
-# what a sign shows beyond its word, where an answer says it (`hires.reads.answer_reads`): the
-# panel that holds it, its first letter, its length (3-6: no bar value, which are tens), its row
-SIGN_FACTS = frozenset({w for name in PANEL_NAMES for w in name.split()} | set(LETTERS) | set(ROW_NAMES)
-                       | {str(len(w)) for w in WORDS})
-# `VLMTrainConfig.read_loss_words` -> the words whose read positions the read loss teaches (None: all)
-READ_LOSS_WORDS: dict[str, frozenset[str] | None] = {"all": None, "signs": frozenset(WORDS),
-                                                     "text": frozenset(WORDS) | SIGN_FACTS,
-                                                     "colours": frozenset(COLOUR_NAMES)}
-# `read_loss_words="by_kind"`: each kind of read word decoded from heads of its own among the focus
-# heads, (words, first head, heads): a sign's word on the two heads the "signs" build taught, an
-# object's colour on the third, its shape and a bar's value on the fourth - an object's patches show
-# its colour and its shape, and one head's output decoded to both read neither (signs 0.17 -> 0.40,
-# colours 0.39 -> 0.24 with the loss on every word on the signs' heads). A bar's label and its value
-# share their patches too: labels (copied from the question) are left to the focus alone. Measured
-# on the proxy (scripts/hires_proxy.py (git, 008eb7f), seed 1, general + text + chart VQA, 4 focus heads) against
-# "signs": read words 0.08 / 0.60 (general / text; 0.10 / 0.53), copied 0.82 / 0.43 (0.98 / 0.50),
-# chart exact match 0.03 (0.08), read loss 1.55 (0.73) - own heads did not read colours or shapes.
-READ_KINDS: tuple[tuple[frozenset[str], int, int], ...] = (
-    (frozenset(WORDS), 0, 2), (frozenset(COLOUR_NAMES), 2, 1), (frozenset(SHAPES) | VALUE_WORDS, 3, 1))
-
-
-def read_words_of(cfg: VLMTrainConfig) -> frozenset[str] | dict[str, int] | None:
-    """What `TaskPool.build` takes as `read_words` for this config: the words the read loss
-    teaches (None: every read word), or with "by_kind" each word's kind (its index in READ_KINDS)."""
-    if cfg.read_loss_words == "by_kind":
-        return {w: k for k, (words, _, _) in enumerate(READ_KINDS) for w in words}
-    return READ_LOSS_WORDS[cfg.read_loss_words]
-
-
-def read_heads_of(cfg: VLMTrainConfig) -> list[tuple[int, int]]:
-    """(first head, heads) per read kind: the focus heads for the one kind, or READ_KINDS'."""
-    if cfg.read_loss_words == "by_kind":
-        return [(first, n) for _, first, n in READ_KINDS]
-    return [(0, cfg.focus_heads)]
+# the words whose read positions the read loss teaches: a sign's word only (why: the "hires"
+# preset's note); the read focus still narrows for every read word
+READ_WORDS: frozenset[str] = frozenset(WORDS)
 
 
 @dataclass(frozen=True)
@@ -90,13 +58,6 @@ class VLMTrainConfig:
     # before the focus layers, so the reads of the panel that follow know what they look for
     # (weight; 0 = off; see `copy_pairs`)
     copy_weight: float = 0.0
-    # hires, with copy_weight and read_focus: the copy head is also taught, at each position that
-    # reads a word from the image, to read what its question says to look for (`data.search_pairs`:
-    # "pillow" of "which panel has the sign that says pillow?" where the answer names the panel).
-    # Measured on the proxy with read_loss_words="text" (docs/results.md, 2026-12-06 evening): the
-    # panel's tile found at its name's first word 19 -> 22 of 98, "which panel" 13 -> 15 of 76, text
-    # VQA 0.465 -> 0.52 (200 questions); not adopted.
-    copy_reads: bool = False
     # hires, with focus: an answer word the image shows (an object's colour or shape, a sign's word,
     # a bar's label or value) is focused on the patches that show it instead of the whole panel
     # (`hires.reads`, `data.read_pairs`): the second address, inside the panel, that the copy and
@@ -108,65 +69,6 @@ class VLMTrainConfig:
     # object-level focus alone put 5x the attention on the word's patches and read no better -
     # the heads' outputs did not carry what they attended to (scripts/hires_reads.py (git, 008eb7f))
     read_weight: float = 0.0
-    # hires, with read_weight: the words the read loss teaches. "all": every word read from the
-    # image; "signs": a sign's word only (its patches show one word, while an object's patches show
-    # its colour and its shape, and one head output cannot decode to both: the loss on every word
-    # read signs 0.17 -> 0.40 and colours 0.39 -> 0.24). The read focus still narrows for all.
-    # "text": a sign's word and what an answer says of the sign beyond it (SIGN_FACTS: which panel
-    # holds it, its first letter, length, row - `hires.reads.answer_reads`, which this setting
-    # adds to the reads). Measured on the proxy (seed 0, general + text VQA, 2000 images, 1500 steps,
-    # 200 held-out text questions) against "signs": text VQA 0.455 -> 0.465, "which panel has the
-    # sign that says X" 3 -> 13 of 76 (its column word teacher-forced 0.42 -> 0.79, its row word
-    # 0.32 -> 0.36: the panel is not found by its sign's word), first letter 1 -> 3 of 17, length
-    # 14 -> 9 of 20; not adopted.
-    # "by_kind": every kind of read word on heads of its own (READ_KINDS; focus_heads >= 4);
-    # "colours": an object's colour only (a diagnostic: measured on the proxy, colours alone were
-    # read no better - teacher-forced 0.21 against 0.38 with "signs" - so the kinds do not merely conflict).
-    read_loss_words: str = "all"
-    # hires, with read_weight: the read loss trains what the focus heads read (their values and
-    # o_proj), not where they look: their attention weights enter it detached, so only the focus
-    # loss moves their queries and keys. Why: with read_loss_words="text" a found tile's name came
-    # out (0.37 -> 0.74) while the tile was found less often (48 -> 19 of 98 on the proxy) - the
-    # read loss's gradient through the attention pulled it off the search. Measured on the proxy
-    # with "text" (docs/results.md, 2026-12-06 night): found 19 -> 40 of 98, right when found
-    # 0.74 -> 0.55, "which panel" 13 -> 11 of 76, text VQA 0.465 -> 0.52 (200); not adopted.
-    read_values_only: bool = False
-    # hires, with focus_weight, copy_weight and read_focus: the focus loss again, on the search
-    # positions alone (`data.search_pairs`' queries: an answer word read from the image that its
-    # question does not name, found by what the question says to look for - the panel's name in
-    # "which panel has the sign that says X" with read_loss_words="text"), at this weight (0 = off).
-    # Why: the focus loss is the content match itself (-log of the attention mass on the tile), but
-    # a search position is ~1% of the positions it averages over; and the linear probe of
-    # `scripts/hires_attention.py --panel-probe` (git, 008eb7f) found the "text" arms' values carrying the panel
-    # (0.48-0.79) where the heads' output did not (0.09-0.30): the search is what fails. Measured on
-    # the proxy with "text" (docs/results.md, 2026-12-06 late night), weights 1 / 3 / 10: the tile
-    # found 19 -> 40 / 37 / 41 of 98, "which panel" 13 -> 13 / 9 / 10 of 76, general VQA 0.25 -> 0.15
-    # / 0.12 / 0.08 (the rest of the focus gives way: focus loss 0.18 -> 0.52-0.91); not adopted.
-    search_weight: float = 0.0
-    # hires: the training samples of these tasks that share an image become one conversation
-    # (`hires.tasks.pack_samples`, task "packed"), so the image's 172 tokens are encoded once for
-    # several answers, as LLaVA's instruction data ask several questions of an image in one turn list
-    pack_tasks: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        if self.copy_reads and not (self.copy_weight > 0 and self.read_focus):
-            raise ValueError("copy_reads teaches the copy head at the read positions: it needs copy_weight > 0 "
-                             f"and read_focus=True, got copy_weight={self.copy_weight}, read_focus={self.read_focus}")
-        if self.read_values_only and not (self.read_weight > 0 and self.read_focus):
-            raise ValueError("read_values_only changes the read loss: it needs read_weight > 0 and read_focus=True, "
-                             f"got read_weight={self.read_weight}, read_focus={self.read_focus}")
-        if self.search_weight > 0 and not (self.focus_weight > 0 and self.copy_weight > 0 and self.read_focus):
-            raise ValueError("search_weight focuses the search positions, found from the question's content words and "
-                             "the answer's reads: it needs focus_weight > 0, copy_weight > 0 and read_focus=True, got "
-                             f"focus_weight={self.focus_weight}, copy_weight={self.copy_weight}, "
-                             f"read_focus={self.read_focus}")
-        if self.read_loss_words not in (*READ_LOSS_WORDS, "by_kind"):
-            raise ValueError(f"read_loss_words must be one of {sorted([*READ_LOSS_WORDS, 'by_kind'])}, "
-                             f"got {self.read_loss_words!r}")
-        need = max(first + n for _, first, n in READ_KINDS)
-        if self.read_loss_words == "by_kind" and self.focus_heads < need:
-            raise ValueError(f"read_loss_words='by_kind' reads from heads 0..{need - 1}: focus_heads must be "
-                             f">= {need}, got {self.focus_heads}")
 
 
 TRAIN_PRESETS = {
@@ -189,20 +91,15 @@ TRAIN_PRESETS = {
     # loss on the trained 10-layer target for 400 more steps: no change (0.21), the head's output
     # never carried the word - it has to be there from the start.
     # And the words read from the image stayed unread (signs 0.13-0.17, colours 0.39 teacher-forced):
-    # object-level focus with the read loss on sign words only (`read_loss_words`), measured on the
+    # object-level focus with the read loss on sign words only (`READ_WORDS`), measured on the
     # proxy (seed 1; general + text + chart VQA, 2000 images, 1500 steps, against focus + copy):
     # sign words read 0.17 -> 0.70, text VQA exact match 0.08 -> 0.32, colours 0.39 -> 0.39,
     # copied words 1.00 -> 0.94, chart 0.12 -> 0.10 (the loss on every read word: signs 0.40,
     # colours 0.24, copied 0.78, chart 0.03; at weight 0.3: 0.60, 0.23, 0.80, 0.07)
-    # And an image's general, text and chart questions are packed into one conversation
-    # (`pack_tasks`), measured on the proxy (seed 1, the three tasks, 4000 images, 1500 steps, 100
-    # held-out per task): text VQA 0.25 -> 0.34, its copied words 0.39 -> 0.73 and sign words read
-    # 0.55 -> 0.75, region dependence 0.90 -> 0.96; general 0.13 -> 0.10, chart 0.08 -> 0.09 (colours
-    # and bars read no better); 1.4x the time per step. (Tied embeddings instead: no change.) The full
-    # build with it (2026-12-06, 106 min) read general VQA worse (0.28 -> 0.16; text 0.58 -> 0.64,
-    # chart 0.36, captions 0.14 -> 0.16), so the preset does not pack.
+    # Packing an image's general, text and chart questions into one conversation (its full build
+    # read general VQA 0.28 -> 0.16) and tied embeddings (no change) did not help (git, fc50ae9).
     "hires": VLMTrainConfig(train_per_task=8000, focus_weight=1.0, copy_weight=1.0, read_focus=True,
-                            read_weight=1.0, read_loss_words="signs", steps=5400),
+                            read_weight=1.0, steps=5400),
 }
 # tiny-hires stays untaught: 30 steps of focus made its answers end at once, and the decoding tests
 # on it need multi-token drafts and answers that run to their length (the focus path is tested
@@ -287,12 +184,10 @@ def attention_weights_of(model: LlavaForConditionalGeneration, layers: list[int]
 
 class HeadOutputs:
     """Within the block, the input of `o_proj` (the heads' outputs side by side, (B, T, H x d)) of
-    each of `layers`, as captured by forward pre-hooks; with `values`, also the output of `v_proj`
-    (B, T, KV x d) of each, in `.values`."""
+    each of `layers`, as captured by forward pre-hooks."""
 
-    def __init__(self, model, layers: list[int], values: bool = False):
-        self.model, self.layers, self.inputs, self.values = model, layers, {}, {}
-        self._want_values = values
+    def __init__(self, model, layers: list[int]):
+        self.model, self.layers, self.inputs = model, layers, {}
         self._hooks = []
 
     def __enter__(self):
@@ -300,9 +195,6 @@ class HeadOutputs:
             attn = self.model.model.language_model.layers[i].self_attn
             self._hooks.append(attn.o_proj.register_forward_pre_hook(
                 lambda _m, args, i=i: self.inputs.__setitem__(i, args[0])))
-            if self._want_values:
-                self._hooks.append(attn.v_proj.register_forward_hook(
-                    lambda _m, _args, out, i=i: self.values.__setitem__(i, out)))
         return self
 
     def __exit__(self, *exc):
@@ -311,49 +203,25 @@ class HeadOutputs:
         self._hooks.clear()
 
 
-def heads_read(attn_BHTT: torch.Tensor, v_BTF: torch.Tensor, q_B: torch.Tensor, q_T: torch.Tensor,
-               first: int, count: int, head_dim: int) -> torch.Tensor:
-    """(P, count x d): the outputs of heads `first` .. `first + count - 1` at positions (q_B, q_T),
-    from their attention weights held fixed (detached) and their values (v_BTF: `v_proj`'s output,
-    KV x d; query head h reads value head h // (H / KV)) - what o_proj's input holds there, with
-    no gradient to where the heads look."""
-    P, H, T = len(q_B), attn_BHTT.shape[1], v_BTF.shape[1]
-    a_PCT = attn_BHTT.detach()[q_B, first: first + count, q_T]
-    v_PTKd = v_BTF[q_B].view(P, T, -1, head_dim)
-    kv_C = torch.arange(first, first + count, device=v_BTF.device) // (H // v_PTKd.shape[2])
-    return torch.einsum("pct,ptcd->pcd", a_PCT, v_PTKd[:, :, kv_C]).reshape(P, count * head_dim)
-
-
 def read_loss(model, inputs: dict[int, torch.Tensor], read_BT: torch.Tensor, labels_BT: torch.Tensor,
-              heads: int | list[tuple[int, int]], fixed: tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]
-              | None = None) -> torch.Tensor:
-    """Cross-entropy of the word each read position predicts (labels at t + 1), decoded from what
-    its heads of the captured layers add to the residual there: their slice of `o_proj`, summed
-    over the layers, through the final norm and `lm_head` (the heads' direct contribution to the
-    logits, as the logit lens reads a layer). `read_BT` holds a position's kind + 1 (0: not a read
-    position; a bool mask is kind 0), `heads` the (first head, heads) of each kind - an int n: the
-    first n heads for kind 0. `fixed`: (attention weights, values) per captured layer - the heads'
-    outputs are then `heads_read` (`read_values_only`: no gradient to the attention)."""
+              heads: int) -> torch.Tensor:
+    """Cross-entropy of the word each read position (`read_BT`, bool) predicts (labels at t + 1),
+    decoded from what the first `heads` heads of the captured layers add to the residual there:
+    their slice of `o_proj`, summed over the layers, through the final norm and `lm_head` (the
+    heads' direct contribution to the logits, as the logit lens reads a layer)."""
     if not bool(read_BT[:, :-1].any()):
         return model.lm_head.weight.new_zeros(())
-    groups = [(0, heads)] if isinstance(heads, int) else heads
     cfg = model.config.text_config
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     lm = model.model.language_model
-    kind_BT = read_BT[:, :-1].long()
-    losses, n = [], 0
-    for k, (first, count) in enumerate(groups):
-        q_B, q_T = (kind_BT == k + 1).nonzero(as_tuple=True)
-        if not len(q_B):
-            continue
-        cols = slice(first * hd, (first + count) * hd)
-        added_PD = sum((x_BTF[q_B, q_T, cols] if fixed is None else
-                        heads_read(fixed[0][i], fixed[1][i], q_B, q_T, first, count, hd))
-                       @ lm.layers[i].self_attn.o_proj.weight[:, cols].T for i, x_BTF in inputs.items())
-        logits_PV = model.lm_head(lm.norm(added_PD))
-        losses.append(F.cross_entropy(logits_PV, labels_BT[q_B, q_T + 1], ignore_index=IGNORE, reduction="sum"))
-        n += int((labels_BT[q_B, q_T + 1] != IGNORE).sum())
-    return sum(losses) / max(n, 1)
+    q_B, q_T = read_BT[:, :-1].nonzero(as_tuple=True)
+    cols = slice(0, heads * hd)
+    added_PD = sum(x_BTF[q_B, q_T, cols] @ lm.layers[i].self_attn.o_proj.weight[:, cols].T
+                   for i, x_BTF in inputs.items())
+    logits_PV = model.lm_head(lm.norm(added_PD))
+    target_P = labels_BT[q_B, q_T + 1]
+    loss = F.cross_entropy(logits_PV, target_P, ignore_index=IGNORE, reduction="sum")
+    return loss / max(int((target_P != IGNORE).sum()), 1)
 
 
 def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrainConfig,
@@ -380,9 +248,6 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
     c_head = min(cfg.focus_heads, model.config.text_config.num_attention_heads - 1)
     layers = sorted(set(f_layers) | set(c_layers))  # `out.attentions` holds these, in this order
     reading = focus and cfg.read_weight > 0 and pool.read is not None
-    searching = focus and cfg.search_weight > 0 and pool.search is not None
-    recent_search: list[float] = []
-    read_heads = read_heads_of(cfg)
     recent_read: list[float] = []
     t0 = time.perf_counter()
     recent: list[float] = []
@@ -391,33 +256,25 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
     it = progress(range(cfg.steps), total=cfg.steps, desc="vlm stage 2") if progress else range(cfg.steps)
     # the supervised layers' attention weights; the saved model keeps its own attention
     with attention_weights_of(model, layers) if layers else nullcontext(), \
-            HeadOutputs(model, f_layers if reading else [], values=reading and cfg.read_values_only) as heads_out:
+            HeadOutputs(model, f_layers if reading else []) as heads_out:
         for step in it:
             task = tasks[rng.choice(len(tasks), p=weights)]
             batch = pool.batch(task, cfg.batch, rng)
             focus_BTT = batch.pop("focus_BTT", None)
             copy_BTT = batch.pop("copy_BTT", None)
             read_BT = batch.pop("read_BT", None)
-            search_BT = batch.pop("search_BT", None)
             out = model(**batch, output_attentions=bool(layers))
             loss = out.loss
             if focus:
-                f_attn = [out.attentions[layers.index(i)] for i in f_layers]
-                f = focus_loss(f_attn, focus_BTT, cfg.focus_heads)
+                f = focus_loss([out.attentions[layers.index(i)] for i in f_layers], focus_BTT, cfg.focus_heads)
                 loss = loss + cfg.focus_weight * f
                 recent_focus = (recent_focus + [f.item()])[-50:]
-                if searching and bool(search_BT.any()):
-                    sf = focus_loss(f_attn, focus_BTT & search_BT[:, :, None], cfg.focus_heads)
-                    loss = loss + cfg.search_weight * sf
-                    recent_search = (recent_search + [sf.item()])[-50:]
             if copying:
                 c = focus_loss([out.attentions[layers.index(i)] for i in c_layers], copy_BTT, 1, first=c_head)
                 loss = loss + cfg.copy_weight * c
                 recent_copy = (recent_copy + [c.item()])[-50:]
             if reading:
-                fixed = ({i: out.attentions[layers.index(i)] for i in f_layers}, heads_out.values) \
-                    if cfg.read_values_only else None
-                r = read_loss(model, heads_out.inputs, read_BT, batch["labels"], read_heads, fixed)
+                r = read_loss(model, heads_out.inputs, read_BT, batch["labels"], cfg.focus_heads)
                 loss = loss + cfg.read_weight * r
                 recent_read = (recent_read + [r.item()])[-50:]
             opt.zero_grad(set_to_none=True)
@@ -431,7 +288,6 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
                 extra = f" focus {np.mean(recent_focus):.3f}" if recent_focus else ""
                 extra += f" copy {np.mean(recent_copy):.3f}" if recent_copy else ""
                 extra += f" read {np.mean(recent_read):.3f}" if recent_read else ""
-                extra += f" search {np.mean(recent_search):.3f}" if recent_search else ""
                 log(f"vlm step {step} task {task} loss {np.mean(recent):.3f} answer-token acc {acc:.3f}{extra}")
     model.eval()
     out = {"vlm_train_seconds": round(time.perf_counter() - t0, 1),
@@ -442,6 +298,4 @@ def train_vlm(model: LlavaForConditionalGeneration, pool: TaskPool, cfg: VLMTrai
         out["vlm_final_copy_loss"] = round(float(np.mean(recent_copy)), 4)
     if recent_read:
         out["vlm_final_read_loss"] = round(float(np.mean(recent_read)), 4)
-    if recent_search:
-        out["vlm_final_search_loss"] = round(float(np.mean(recent_search)), 4)
     return out

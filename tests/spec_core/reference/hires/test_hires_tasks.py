@@ -12,7 +12,7 @@ from PIL import Image
 
 from spec_core.reference import TASKS, render, words_of
 from spec_core.reference.hires import (IMAGE_PX, PANEL_NAMES, PANEL_PX, all_words, make_sample, make_split,
-                                       mosaic_from_json, pack_samples, render_mosaic, sample_mosaic)
+                                       mosaic_from_json, render_mosaic, sample_mosaic)
 from spec_core.reference.hires.mosaic import FRAME_PX, FRAME_RGB, alter_panel, frame_panel
 from spec_core.reference.tasks import corpus_texts
 from spec_core.reference.vlm.data import decode_png
@@ -132,34 +132,3 @@ def test_scene_json_round_trips():
     mosaic, regions = mosaic_from_json(s["scene_json"])
     assert json.loads(s["scene_json"])["regions"] == regions
     assert Image.open(io.BytesIO(s["image_png"])).tobytes() == render_mosaic(mosaic).tobytes()
-
-
-def test_packing_joins_an_images_questions_into_one_conversation_with_their_regions(samples):
-    tasks = ("general_vqa", "text_vqa", "chart_vqa", "multi_turn")
-    flat = [s for t in TASKS for s in samples[t]]
-    packed = pack_samples(flat, tasks, seed=0)
-    assert sorted(s["id"] for s in packed if s["task"] not in tasks + ("packed",)) == sorted(
-        s["id"] for s in flat if s["task"] not in tasks)
-    joined = [s for s in packed if s["task"] == "packed"]
-    assert len(joined) == N
-    for s in joined:
-        parts = [p for p in flat if p["image_sha256"] == s["image_sha256"] and p["task"] in tasks]
-        conv = s["conversation"]
-        # the image opens the first user turn only; every (question, answer, regions) turn of the parts, once
-        assert [t["content"].count("<image>") for t in conv] == [1] + [0] * (len(conv) - 1)
-        _, regions = mosaic_from_json(s["scene_json"])
-        turns = sorted((conv[i]["content"].removeprefix("<image>\n"), conv[i + 1]["content"], tuple(r))
-                       for i, r in zip(range(0, len(conv), 2), regions))
-        want = []
-        for p in parts:
-            _, rs = mosaic_from_json(p["scene_json"])
-            c = p["conversation"]
-            want += [(c[i]["content"].removeprefix("<image>\n"), c[i + 1]["content"], tuple(r))
-                     for i, r in zip(range(0, len(c), 2), rs)]
-        assert turns == sorted(want)
-        assert s["answers"] == [conv[i]["content"] for i in range(1, len(conv), 2)]
-        assert mosaic_from_json(s["scene_json"])[0] == mosaic_from_json(parts[0]["scene_json"])[0]
-    # the order is shuffled per image: the general VQA question opens some conversations, not all
-    general = {p["image_sha256"]: p["conversation"][0]["content"] for p in samples["general_vqa"]}
-    opens = sum(s["conversation"][0]["content"] == general[s["image_sha256"]] for s in joined)
-    assert 0 < opens < N

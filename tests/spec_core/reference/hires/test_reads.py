@@ -3,7 +3,6 @@
 (`data.token_words`, `data.read_pairs`, `data.sharpen`, `TaskPool.build(reads=...)`)."""
 
 import re
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -11,18 +10,12 @@ import pytest
 from spec_core.reference import hires
 from spec_core.reference.hires.layout import sample_region_tokens, tile_of_tokens
 from spec_core.reference.hires.mosaic import PANEL_PX, PANELS, mosaic_from_json, render_mosaic
-from dataclasses import replace
-
-from spec_core.reference.drawing import paint
-from spec_core.reference.geometry import sign_layout
-from spec_core.reference.hires.mosaic import PANEL_NAMES
-from spec_core.reference.hires.reads import _patches, answer_reads, read_tokens, sample_read_tokens
+from spec_core.reference.hires.reads import _patches, read_tokens, sample_read_tokens
 from spec_core.reference.tasks import corpus_texts
 from spec_core.reference.vlm.data import (IGNORE, TaskPool, encode_conversation, read_pairs, sharpen,
                                           token_words)
 from spec_core.reference.vlm.model import PRESETS, build_processor
 from spec_core.reference.vlm.tokenizer import train_tokenizer
-from spec_core.reference.vlm.train import READ_LOSS_WORDS
 from spec_core.reference.vocab import COLOURS
 
 SIDE = 4  # patches per panel side (64 px panels, 16 px patches: the hires preset)
@@ -145,84 +138,3 @@ def test_the_pool_narrows_the_focus_of_read_words_to_their_patches():
     words = token_words(proc.tokenizer, ids)
     pairs = read_pairs(ids, labels, image_id, words, sample_read_tokens(s, side))
     assert pairs and all(words[int(q[0]) + 1] in sample_read_tokens(s, side)[0] for q, _ in pairs)
-
-
-def _changed_patches(scene, other) -> np.ndarray:
-    """(P,) bool: the patches of a panel whose pixels differ in the `other` scene."""
-    a, _ = paint(scene, PANEL_PX)
-    b, _ = paint(other, PANEL_PX)
-    edge = PANEL_PX // SIDE
-    return (a != b).any(-1).reshape(SIDE, edge, SIDE, edge).any(axis=(1, 3)).ravel()
-
-
-def _same_rest(sign, first: str, lay) -> bool:
-    o = sign_layout(replace(sign, word=first + sign.word[1:]), PANEL_PX)
-    return o.font_px == lay.font_px and o.origins[1:] == lay.origins[1:]
-
-
-def test_what_an_answer_says_of_a_sign_beyond_its_word_reads_the_patches_that_show_it():
-    """Oracle: the rendered pixels. A first letter is shown by its slot, which holds the patches
-    that change when only that letter changes and lies in the sign's band; a length and a row by
-    the sign's band, the patches that change when the sign is taken away; the panel that holds the
-    sign, by every patch of its tile. Other answers add nothing."""
-    kinds = Counter()
-    for i in range(160):
-        s = hires.make_sample(i, "text_vqa", 0, "train")
-        mosaic, regions = mosaic_from_json(s["scene_json"])
-        p, answer = regions[0][0], s["answers"][0]
-        scene = mosaic.panels[p]
-        got = answer_reads(mosaic, p, answer, SIDE)
-        if scene.sign is None:
-            assert got == {}
-            continue
-        word = scene.sign.word
-        if answer.endswith(" panel.") and "that says" in answer:
-            kinds["panel"] += 1
-            assert set(got) == set(PANEL_NAMES[p].split()) and all(m.all() for m in got.values())
-            assert answer_reads(mosaic, (p + 1) % 9, answer, SIDE) == {}  # another panel's name is not read there
-        elif "starts with the letter" in answer:
-            # another first letter that moves no other letter (same font size, baseline and origins)
-            lay = sign_layout(scene.sign, PANEL_PX)
-            c = next((c for c in "abcdefghijklmnopqrstuvwxyz" if c != word[0] and _same_rest(scene.sign, c, lay)), None)
-            if c is None:  # every other first letter moves the rest of the word
-                continue
-            kinds["first"] += 1
-            other_first = replace(scene, sign=replace(scene.sign, word=c + word[1:]))
-            band = _changed_patches(scene, replace(scene, sign=None))
-            letter, changed = got[word[0]], _changed_patches(scene, other_first)
-            assert list(got) == [word[0]] and changed.any()  # its slot: every patch the letter changes,
-            assert not (changed & ~letter).any() and not (letter & ~band).any() and letter.sum() <= band.sum() / 2
-        elif "letters." in answer or "across the" in answer:
-            kinds["band"] += 1
-            (key, m_P), = got.items()
-            assert key == (str(len(word)) if "letters." in answer else answer.split()[-4])
-            assert np.array_equal(m_P, _changed_patches(scene, replace(scene, sign=None)))
-        else:
-            kinds["none"] += 1
-            assert got == {}, answer
-    assert min(kinds.values()) >= 5, kinds
-    # an answer about a panel's objects names cells with the panel words: nothing is read for them
-    for i in range(40):
-        s = hires.make_sample(i, "general_vqa", 0, "train")
-        mosaic, regions = mosaic_from_json(s["scene_json"])
-        assert answer_reads(mosaic, regions[0][0], s["answers"][0], SIDE) == {}
-
-
-def test_the_text_read_loss_reads_the_panel_a_sign_is_in():
-    """With read_loss_words="text" the positions predicting the panel's name in "which panel has
-    the sign that says X" are read positions; with "signs" only the sign's word is."""
-    samples = [s for i in range(30) for s in [hires.make_sample(i, "text_vqa", 0, "train")]
-               if "that says" in s["answers"][0]][:4]
-    tok, proc = _processor(samples)
-    size = PRESETS["tiny-hires"]
-    side = size.image_size // size.patch
-    build = lambda words: TaskPool.build(  # noqa: E731
-        samples, proc, size.n_image_tokens, focus=lambda s: sample_region_tokens(s, side),
-        reads=lambda s: sample_read_tokens(s, side, answers=words == "text"), read_words=READ_LOSS_WORDS[words])
-    for words, expect in (("signs", lambda s, p: [s.split(" says ")[1].split()[0]]),
-                          ("text", lambda s, p: [s.split(" says ")[1].split()[0], *PANEL_NAMES[p].split()])):
-        pool = build(words)
-        for s, (_, ids, _), read in zip(samples, pool.examples["text_vqa"], pool.read["text_vqa"]):
-            p = mosaic_from_json(s["scene_json"])[1][0][0]
-            got = [token_words(proc.tokenizer, ids)[q + 1] for q, _ in read]
-            assert sorted(set(got)) == sorted(set(expect(s["answers"][0], p))), (words, got)

@@ -5,12 +5,8 @@ import numpy as np
 import torch
 
 from spec_core.reference import hires
-from spec_core.reference.hires.layout import sample_region_tokens
-from spec_core.reference.hires.mosaic import PANEL_NAMES
-from spec_core.reference.hires.reads import sample_read_tokens
 from spec_core.reference.tasks import corpus_texts
-from spec_core.reference.vlm.data import (IGNORE, TaskPool, content_token_ids, copy_pairs, search_pairs,
-                                          token_words)
+from spec_core.reference.vlm.data import IGNORE, TaskPool, content_token_ids, copy_pairs
 from spec_core.reference.vlm.model import PRESETS, build_processor, build_vlm
 from spec_core.reference.vlm.tokenizer import train_tokenizer
 from spec_core.reference.vlm.train import VLMTrainConfig, copy_layer, focus_loss, train_vlm
@@ -29,26 +25,6 @@ def test_copy_pairs_point_a_repeated_word_at_its_own_turns_question_only():
     # question, and its "cross" stands only in turn 1's question: not a copy of turn 2's
     assert [(q.tolist(), k.tolist()) for q, k in pairs] == [([3], [1]), ([10], [8])]
     assert copy_pairs(ids, labels, frozenset()) == []
-
-
-def test_search_pairs_point_a_read_word_at_what_its_question_says_to_look_for():
-    x = IGNORE
-    PILLOW, BOTTOM, LEFT, WHICH = 20, 21, 22, 23
-    #        0  1       2       3  4       5       6     7    | 8  9      10 11 12    13
-    ids = [1, WHICH, PILLOW, 3, PILLOW, BOTTOM, LEFT, EOS, 5, CROSS, 3, 6, BLUE, EOS]
-    labels = [x, x, x, x, PILLOW, BOTTOM, LEFT, EOS, x, x, x, x, BLUE, EOS]
-    words = ["<s>", "which", "pillow", "?", "pillow", "bottom", "left", "</s>", "q", "cross", "?", "a", "blue", "</s>"]
-    content = frozenset({PILLOW, CROSS, BLUE})
-    pixels = np.array([0])
-    reads = [{"pillow": pixels, "bottom": pixels, "left": pixels}, {"cross": pixels, "blue": pixels}]
-    pairs = search_pairs(ids, labels, words, content, reads)
-    # turn 1: "bottom" and "left" are read (predicted at 4 and 5), "pillow" is copied from the
-    # question, not searched; turn 2: "blue" (predicted at 11) looks for the question's "cross"
-    assert [(q.tolist(), k.tolist()) for q, k in pairs] == [([4], [2]), ([5], [2]), ([11], [9])]
-    # a caption's turn (reads per sentence) and a question naming nothing the image shows: none
-    caption = search_pairs(ids, labels, words, content, [[{}, {"bottom": pixels}], reads[1]])
-    assert [(q.tolist(), k.tolist()) for q, k in caption] == [([11], [9])]
-    assert search_pairs(ids, labels, words, content, [{"bottom": pixels}, {"blue": pixels}]) == []
 
 
 def _processor(samples):
@@ -98,27 +74,3 @@ def test_training_with_copy_teaches_its_head_to_read_the_questions_word():
         losses[weight] = (before, _probe_copy_loss(model, probe, head))
     assert losses[0.0][0] == losses[1.0][0]
     assert losses[1.0][1] < 0.7 * losses[1.0][0] and losses[1.0][1] < 0.7 * losses[0.0][1], losses
-
-
-def test_the_pool_with_copy_reads_adds_the_search_pairs_to_the_copy_pairs():
-    """`copy_reads`: each sample's copy pairs are its `copy_pairs` plus its `search_pairs` - in
-    "which panel has the sign that says X" the positions predicting the panel's name read X in
-    the question."""
-    samples = [s for i in range(30) for s in [hires.make_sample(i, "text_vqa", 0, "train")]
-               if "that says" in s["answers"][0]][:4]
-    tok, proc = _processor(samples)
-    size = PRESETS["tiny-hires"]
-    side = size.image_size // size.patch
-    kw = dict(focus=lambda s: sample_region_tokens(s, side), copy_words=CONTENT_WORDS,
-              reads=lambda s: sample_read_tokens(s, side, answers=True))
-    plain = TaskPool.build(samples, proc, size.n_image_tokens, **kw)
-    searching = TaskPool.build(samples, proc, size.n_image_tokens, copy_reads=True, **kw)
-    for s, (_, ids, _), before, after in zip(samples, plain.examples["text_vqa"], plain.copy["text_vqa"],
-                                             searching.copy["text_vqa"]):
-        words = token_words(tok, ids)
-        sign = s["answers"][0].split(" says ")[1].split()[0]
-        added = after[len(before):]
-        assert [(q.tolist(), k.tolist()) for q, k in after[:len(before)]] == [(q.tolist(), k.tolist()) for q, k in before]
-        panel = s["answers"][0].split(" is in the ")[1].split()[:-1]
-        assert [words[int(q[0]) + 1] for q, _ in added] == panel and panel[0] in {n.split()[0] for n in PANEL_NAMES}
-        assert all({words[k] for k in keys} == {sign} and max(keys) < int(q[0]) for q, keys in added)

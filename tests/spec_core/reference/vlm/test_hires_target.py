@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import replace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -16,11 +15,9 @@ from transformers import AutoProcessor, LlavaNextForConditionalGeneration, Llava
 
 from spec_core.reference import TASKS
 from spec_core.reference.hires import make_sample
-from spec_core.reference.vlm.build import task_pool
-from spec_core.reference.vlm.data import TaskPool, answer_runs, decode_png, encode_prompt, image_token_count
+from spec_core.reference.vlm.data import TaskPool, decode_png, encode_prompt, image_token_count
 from spec_core.reference.vlm.evaluate import generate_turns
-from spec_core.reference.vlm.model import PRESETS, build_vlm, image_inputs
-from spec_core.reference.vlm.train import TRAIN_PRESETS
+from spec_core.reference.vlm.model import PRESETS, image_inputs
 from tests.scripts.test_build_reference import load_script
 from tests.spec_core.decoding.conftest import prompt_inputs
 
@@ -106,37 +103,3 @@ def test_region_dependence_asks_only_questions_about_one_named_panels_sign():
             inside = diff[r * 64:(r + 1) * 64, c * 64:(c + 1) * 64]
             assert inside.any() and diff.sum() == inside.sum()
     assert 10 < picked < 60  # lookups ("which panel says X") and other sign questions are left out
-
-
-def test_a_packed_conversation_teaches_each_turn_what_its_own_sample_teaches(world):
-    """Packing (`pack_tasks`) keeps every turn's labels and focus: the packed example's answer
-    positions per turn read the same panels as the turn did in its own sample."""
-    out, _ = world
-    proc = AutoProcessor.from_pretrained(out / "target")
-    size = PRESETS["tiny-hires"]
-    parts = [make_sample(2, t, 0, "train") for t in ("general_vqa", "text_vqa", "chart_vqa", "multi_turn")]
-    cfg = replace(TRAIN_PRESETS["hires"], pack_tasks=("general_vqa", "text_vqa", "chart_vqa", "multi_turn"))
-    packed, alone = task_pool(size, cfg, parts, proc), task_pool(size, replace(cfg, pack_tasks=()), parts, proc)
-    assert list(packed.examples) == ["packed"] and packed.images["pixel_values"].shape[0] == 1
-    (_, ids, labels), = packed.examples["packed"]
-
-    def turns(ids, labels, pairs):  # (answer ids, image keys read at its first position) per turn
-        runs = answer_runs(labels)
-        keys = {int(q): tuple(sorted(k.tolist())) for qs, k in pairs for q in qs}
-        return [(tuple(ids[q + 1] for q in run), keys.get(run[0])) for run in runs]
-
-    want = sorted(t for task, rows in alone.examples.items() for (_, i, lab), pairs in zip(rows, alone.focus[task])
-                  for t in turns(i, lab, pairs))
-    assert sorted(turns(ids, labels, packed.focus["packed"][0])) == want
-    assert len(want) == sum(len(p["answers"]) for p in parts)
-
-
-def test_tied_embeddings_stay_tied_through_save_and_load(world, tmp_path):
-    out, _ = world
-    proc = AutoProcessor.from_pretrained(out / "target")
-    model = build_vlm(replace(PRESETS["tiny-hires"], tie_embeddings=True), proc.tokenizer)
-    model.save_pretrained(tmp_path)
-    loaded = LlavaNextForConditionalGeneration.from_pretrained(tmp_path)
-    for m in (model, loaded):
-        assert m.lm_head.weight.data_ptr() == m.model.language_model.embed_tokens.weight.data_ptr()
-    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
