@@ -230,3 +230,30 @@ def test_faults_inside_ray_are_one_line_with_their_cause(capsys):
         raise ActorDiedError()
     code, stderr = _exit_and_stderr(died, capsys, ConnectionError)
     assert code == 1 and stderr.startswith("precompute: ActorDiedError: ") and len(stderr.splitlines()) == 1, stderr
+
+
+def test_real_faults_inside_real_ray_are_one_line(ray_local, tmp_path, capsys):
+    """The same on real faults: a write that meets a full device (/dev/full: a real ENOSPC) inside
+    a Ray task, and an actor whose process dies (past its retries), through Ray's own wrappers."""
+    import os
+
+    import ray
+
+    @ray.remote(max_retries=0)
+    def write_shard(path: str) -> None:
+        with open(path, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+
+    @ray.remote(max_restarts=0)
+    class Worker:
+        def die(self) -> None:
+            os._exit(1)
+
+    code, stderr = _exit_and_stderr(lambda: ray.get(write_shard.remote("/dev/full")), capsys, ConnectionError)
+    assert code == 1 and stderr == "precompute: OSError: [Errno 28] No space left on device\n", stderr
+
+    worker = Worker.remote()
+    code, stderr = _exit_and_stderr(lambda: ray.get(worker.die.remote()), capsys, ConnectionError)
+    assert code == 1 and stderr.startswith("precompute: ActorDiedError: ") and len(stderr.splitlines()) == 1, stderr
+    assert "worker process has died" in stderr  # why, where Ray says it
