@@ -51,7 +51,9 @@ class DataSection(Strict):
     response_max_new_tokens: int = Field(512, ge=1, description="answer length cap with response_source target")
 
 
-class TargetSection(LoadedTargetSection):
+class StoredTargetSection(LoadedTargetSection):
+    """The target, and which of its states the artifacts store."""
+
     entropy_layers: tuple[int, int] | None = None   # None: the adapter's (FOVEA: 1..10; Qwen 1..9)
     hidden_dtype: Literal["float16", "bfloat16"] = "float16"
 
@@ -62,7 +64,7 @@ class ComputeSection(ActorPoolSection):
 
 class PrecomputeConfig(JobConfig):
     data: DataSection = DataSection()
-    target: TargetSection = TargetSection()
+    target: StoredTargetSection = StoredTargetSection()
     compute: ComputeSection = ComputeSection()
 
 

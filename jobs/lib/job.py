@@ -28,7 +28,7 @@ class RunSection(Strict):
 
 class TargetSection(Strict):
     """The frozen target VLM, the `target` section of every job that reads one; a job that needs
-    more of it extends this (LoadedTargetSection, precompute's)."""
+    more of it extends this (LoadedTargetSection; precompute's StoredTargetSection)."""
 
     path: str = Field("runs/reference/small/target", description="the target's model directory: a local path, "
                       "or any storage URI (s3://: downloaded once per node, jobs.lib.model_cache)")
