@@ -31,10 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 
 from pydantic import Field, model_validator  # noqa: E402
 
-from jobs._generate.run import (ComputeSection, DataSection, GenerateConfig, MethodSection,  # noqa: E402
-                                   TargetSection)
-from jobs._generate.run import main as generate_main  # noqa: E402
-from jobs.lib.job import JobConfig, RunSection, run_job  # noqa: E402
+from jobs.generate import ComputeSection, DataSection, GenerateConfig, MethodSection  # noqa: E402
+from jobs.generate import main as generate_main  # noqa: E402
+from jobs.lib.job import JobConfig, LoadedTargetSection, RunSection, run_job  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.run_key import open_run  # noqa: E402
 from jobs.lib.storage import Storage, join  # noqa: E402
@@ -42,7 +41,7 @@ from jobs.lib.storage import Storage, join  # noqa: E402
 
 class BenchmarkConfig(JobConfig):
     data: DataSection = DataSection(limit_per_source=100)
-    target: TargetSection = TargetSection()
+    target: LoadedTargetSection = LoadedTargetSection()
     # the zoo is declared in the job's YAML (manifests/jobs/benchmark.yaml), nowhere else
     methods: dict[str, MethodSection] = Field(min_length=1, description="name -> method, as in generate")
     compare: list[str] = Field(min_length=2, description="the first is the baseline (AR)")

@@ -25,7 +25,7 @@ from pydantic import Field  # noqa: E402
 
 from jobs.lib.artifact_store import ARTIFACT_VERSION, committed_shards, verified_shards  # noqa: E402
 from jobs.lib.config import Strict  # noqa: E402
-from jobs.lib.job import ActorPoolSection, JobConfig, run_job  # noqa: E402
+from jobs.lib.job import ActorPoolSection, JobConfig, LoadedTargetSection, run_job  # noqa: E402
 from jobs.lib.manifest_rows import ManifestError, check_manifest  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.model_cache import ModelDirError, model_identity  # noqa: E402
@@ -51,10 +51,9 @@ class DataSection(Strict):
     response_max_new_tokens: int = Field(512, ge=1, description="answer length cap with response_source target")
 
 
-class TargetSection(Strict):
-    path: str = Field("runs/reference/small/target", description="a model directory: a local path, or any "
-                      "storage URI (s3://: downloaded once per node, jobs.lib.model_cache)")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+class StoredTargetSection(LoadedTargetSection):
+    """The target, and which of its states the artifacts store."""
+
     entropy_layers: tuple[int, int] | None = None   # None: the adapter's (FOVEA: 1..10; Qwen 1..9)
     hidden_dtype: Literal["float16", "bfloat16"] = "float16"
 
@@ -65,7 +64,7 @@ class ComputeSection(ActorPoolSection):
 
 class PrecomputeConfig(JobConfig):
     data: DataSection = DataSection()
-    target: TargetSection = TargetSection()
+    target: StoredTargetSection = StoredTargetSection()
     compute: ComputeSection = ComputeSection()
 
 

@@ -18,16 +18,15 @@ import dataclasses
 import json
 import os
 import sys
-import typing
 from pathlib import Path
 from typing import ClassVar, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.py` from anywhere
 
-from pydantic import Field, create_model, model_validator  # noqa: E402
+from pydantic import Field, model_validator  # noqa: E402
 
-from jobs.lib.config import Strict  # noqa: E402
-from jobs.lib.job import JobConfig, run_job  # noqa: E402
+from jobs.lib.config import Strict, with_fields_of  # noqa: E402
+from jobs.lib.job import JobConfig, TargetSection, run_job  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.model_cache import model_identity  # noqa: E402
 from jobs.lib.run_key import fingerprint, open_run  # noqa: E402
@@ -35,7 +34,6 @@ from jobs.lib.storage import Storage, join, scheme_of  # noqa: E402
 from spec_core.fovea.config import FoveaConfig, LossConfig  # noqa: E402
 from spec_core.medusa import MedusaConfig  # noqa: E402
 
-_HINTS = typing.get_type_hints(FoveaConfig)
 _MEDUSA = {f.name: f.default for f in dataclasses.fields(MedusaConfig)}
 
 
@@ -49,11 +47,6 @@ class DataSection(Strict):
     on_bad_shard: Literal["fail", "skip"] = Field("fail", description="a shard whose files do not match its "
                                                   "marker: fail (one line, before training) | skip (train on the "
                                                   "rest; the report lists it and the samples it took)")
-
-
-class TargetSection(Strict):
-    path: str = Field("runs/reference/small/target", description="the frozen target's model directory: a local "
-                      "path, or any storage URI (s3://: downloaded once per node, jobs.lib.model_cache)")
 
 
 class _DrafterExtras(Strict):
@@ -81,9 +74,7 @@ class _DrafterExtras(Strict):
         return self.medusa_heads if self.kind == "medusa" else self.train_depth
 
 
-DrafterSection = create_model(
-    "DrafterSection", __base__=_DrafterExtras, __module__=__name__,
-    **{f.name: (_HINTS[f.name], f.default) for f in dataclasses.fields(FoveaConfig)})
+DrafterSection = with_fields_of(FoveaConfig, _DrafterExtras, "DrafterSection", __name__)
 
 
 class TrainSection(Strict):

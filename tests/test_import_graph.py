@@ -6,7 +6,8 @@ import only along the intended arrows, from the models up to the jobs:
     reference -> targets, sampling (never scd or decoding)  <-  scd's adapter of it
     jobs/lib -> spec_core;  a job's room jobs/_<name>/ -> jobs/lib, spec_core;
     jobs/<name>.py -> its room, jobs/lib, spec_core (no job imports another job's entry or room,
-    jobs/lib never imports a job, and every module of jobs/lib serves two or more jobs)
+    but for the benchmark, a grid of generate runs: generate's config and main; jobs/lib never
+    imports a job, and every module of jobs/lib serves two or more jobs)
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ for _job, _room in ROOMS.items():
     ARROWS[f"jobs.{_job}"] = {"jobs.lib", "spec_core"} | ({f"jobs.{_room}"} if _room else set())
     if _room:
         ARROWS[f"jobs.{_room}"] = {"jobs.lib", "spec_core"}
+ARROWS["jobs.benchmark"].add("jobs.generate")  # its settings are GenerateConfigs, run by generate's main
 
 
 def modules(root: Path, packages=("spec_core", "jobs")) -> dict[str, Path]:

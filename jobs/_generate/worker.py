@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from jobs.lib.ray_setup import where_am_i
 from jobs.lib.storage import Storage, StorageConfig, StorageUnavailable
 from spec_core.decoding.goodput import GoodputPolicy
+from spec_core.decoding.tree import TreeConfig
 
 RESPONSES_SCHEMA = pa.schema([
     ("id", pa.string()), ("source", pa.string()), ("task", pa.string()), ("turn", pa.int32()),
@@ -66,16 +67,12 @@ class MethodPlan:
     name: str
     drafter: str | None            # None: autoregressive
     visual_correction: bool = True
-    width: int = 6
-    depth: int = 6
-    budget: int = 40
-    step_tokens: int = 0
+    tree: TreeConfig = TreeConfig()       # the draft tree (its policy: fixed | goodput, spec_core.decoding.goodput)
     correction_depth: int | None = None   # None: as the drafter was trained
     proposer: str | None = None           # a training-free method: pld | sam | lookahead | recycling
     params: dict | None = None            # its parameters (None: MMSpec's defaults)
     viskip: float | None = None           # ViSkip threshold (None: off)
     hf: bool = False                      # HF `generate` itself (static padded batches), the users' baseline
-    policy: str = "fixed"                 # tree size per step: fixed | goodput (spec_core.decoding.goodput)
     compile: bool | None = None           # compiled steps (hf: HF's fast path); None: the job's compute.compile
 
 
@@ -130,7 +127,7 @@ class GenerateWorker:
     def _engine(self, method: MethodPlan, batch: int, warm_inputs: dict):
         import torch
 
-        from spec_core.decoding import DecodeEngine, Request, TreeConfig
+        from spec_core.decoding import DecodeEngine, Request
         from spec_core.decoding.engine import step_scratch
 
         key = (method.name, batch)
@@ -144,7 +141,7 @@ class GenerateWorker:
             engine.phase_s = dict.fromkeys(engine.phase_s, 0.0)
             self.engines[key] = engine
         if key not in self.engines:
-            tree = TreeConfig(method.width, method.depth, method.budget, method.step_tokens, method.policy)
+            tree = method.tree
             drafter = self.drafters.get(method.drafter) if method.drafter else None
             proposer = None
             if method.proposer:

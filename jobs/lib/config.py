@@ -9,16 +9,17 @@ line naming the field and the file (`ConfigError`). No message shows a secret: v
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, TypeVar, get_args, get_origin
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 from collections.abc import Collection, Mapping, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from pydantic.types import _SecretBase  # SecretStr, SecretBytes and Secret[T]
 
 EXIT_CONFIG_ERROR = 2
@@ -149,6 +150,17 @@ def load_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"config error: {p} must hold a mapping at the top level")
     return data
+
+
+def with_fields_of(config: type, base: type[C], name: str, module: str) -> type[C]:
+    """The section `name`: the fields of the spec_core dataclass `config` as it declares them (types
+    and defaults), beside the job's own fields of `base`, which checks the dataclass's rules by
+    building it. `section.__config_dataclass__` names the dataclass."""
+    hints = get_type_hints(config)
+    section = create_model(name, __base__=base, __module__=module,
+                           **{f.name: (hints[f.name], f.default) for f in dataclasses.fields(config)})
+    section.__config_dataclass__ = config
+    return section
 
 
 def build_config(model: type[C], data: dict, source: str) -> C:

@@ -26,6 +26,20 @@ class RunSection(Strict):
     on_mismatch: Literal["fail", "restart"] = "fail"
 
 
+class TargetSection(Strict):
+    """The frozen target VLM, the `target` section of every job that reads one; a job that needs
+    more of it extends this (LoadedTargetSection; precompute's StoredTargetSection)."""
+
+    path: str = Field("runs/reference/small/target", description="the target's model directory: a local path, "
+                      "or any storage URI (s3://: downloaded once per node, jobs.lib.model_cache)")
+
+
+class LoadedTargetSection(TargetSection):
+    """A target a job runs itself, in the dtype it chooses (precompute, generate, benchmark)."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+
+
 class ActorPoolSection(Strict):
     """An actor pool: its size and each actor's resources (a GPU fraction shares a GPU). Jobs
     subclass it as their `compute` section and add their batching fields."""
@@ -105,14 +119,12 @@ class JobConfig(Strict):
 def job_entry(job: str):
     """(config class, main) of `jobs/<job>.py`, imported by package name (so that Ray workers
     unpickle its config classes by reference, not as `__main__`): the JobConfig subclass it
-    defines (or the one it takes from its room, as generate does from the run it shares with
-    benchmark) and its main()."""
+    defines and its main()."""
     import importlib
 
     module = importlib.import_module(f"jobs.{job}")
-    found = {v for v in vars(module).values() if isinstance(v, type) and issubclass(v, JobConfig)
-             and v is not JobConfig}
-    (cls,) = {v for v in found if v.__module__ == module.__name__} or found
+    (cls,) = {v for v in vars(module).values() if isinstance(v, type) and issubclass(v, JobConfig)
+              and v.__module__ == module.__name__}
     return cls, module.main
 
 

@@ -14,6 +14,7 @@ fixed-shape steps under torch.compile, `decoding.compiled`; the output is the sa
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -48,13 +49,18 @@ def _eos_ids(model, eos_token_id) -> list[int]:
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
+def _take(opts: dict, config: type) -> dict:
+    """The options that are fields of the dataclass `config`, popped from `opts`."""
+    return {f.name: opts.pop(f.name) for f in dataclasses.fields(config) if f.name in opts}
+
+
 def _engine(target_model, drafter, inputs, max_new_tokens, options) -> DecodeEngine:
     from spec_core.targets import TargetAdapter, adapter_for
 
     adapter = target_model if isinstance(target_model, TargetAdapter) else adapter_for(target_model)
     opts = dict(options)
-    sampling = SamplingConfig(**{k: opts.pop(k) for k in ("do_sample", "temperature", "top_k", "top_p") if k in opts})
-    tree = TreeConfig(**{k: opts.pop(k) for k in ("width", "depth", "budget", "step_tokens", "policy") if k in opts})
+    sampling = SamplingConfig(**_take(opts, SamplingConfig))
+    tree = TreeConfig(**_take(opts, TreeConfig))
     drafting = {k: opts.pop(k) for k in ("visual_correction", "correction_depth") if k in opts}
     compile = bool(opts.pop("compile", False))
     eos = _eos_ids(adapter.model, opts.pop("eos_token_id", None))

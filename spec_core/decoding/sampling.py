@@ -18,6 +18,11 @@ from spec_core.sampling import warp_logits
 
 @dataclass(frozen=True)
 class SamplingConfig:
+    """The target's next-token rule; also the rule's fields of the generate job's `generation`
+    section (pydantic, at the jobs' boundary, rejects unknown keys; this module never imports it)."""
+
+    __pydantic_config__ = {"extra": "forbid"}
+
     do_sample: bool = False
     temperature: float = 1.0
     top_k: int = 0          # 0: off

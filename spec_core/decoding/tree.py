@@ -17,6 +17,12 @@ import torch
 
 @dataclass(frozen=True)
 class TreeConfig:
+    """The draft tree of a speculative method; also a method's `tree` section in the generate and
+    benchmark jobs (`__pydantic_config__`: pydantic, at the jobs' boundary, rejects unknown keys;
+    this module never imports pydantic)."""
+
+    __pydantic_config__ = {"extra": "forbid"}
+
     width: int = 6      # K_c: children per expanded node, and nodes expanded per depth
     depth: int = 6      # D: longest draft path
     budget: int = 40    # N: draft nodes verified per step (at most, with the goodput policy)

@@ -16,10 +16,12 @@ import torch
 from PIL import Image
 from transformers import AutoProcessor
 
-from jobs.generate import GenerateConfig, main
+from jobs.generate import GenerateConfig, MethodSection, main
 from jobs.lib.artifact_store import committed_shards, marker_uri
 from jobs.lib.config import ConfigError, load_config
 from jobs.lib.storage import Storage
+from spec_core.decoding import SamplingConfig, TreeConfig
+from spec_core.decoding.proposers import DEFAULT_BUDGET
 from spec_core.fovea import FoveaDrafter
 from spec_core.reference.tasks import TASKS, make_split
 from spec_core.reference.vlm.build import build_target
@@ -200,6 +202,26 @@ def test_config_mistakes_fail_before_any_work(world, tmp_path):
         main(_cfg(root, tmp_path, methods={"ar": {"kind": "ar"}, "fovea": {"kind": "medusa", "drafter": str(root / "drafter")}}))
     with pytest.raises(FileNotFoundError, match="no manifest"):
         main(_cfg(root, tmp_path, data={"manifest": str(tmp_path / "empty")}))
+
+
+def test_the_tree_and_generation_sections_are_spec_cores_configs():
+    """Declared once: a method's tree is spec_core's TreeConfig and generation takes SamplingConfig's
+    fields and defaults; the dataclasses' own checks are config errors naming the section, like a
+    misspelt key; a training-free method drafts its own size unless the config sets a budget."""
+    cfg = GenerateConfig()
+    assert cfg.methods["fovea"].tree == TreeConfig() and cfg.generation.sampling_config() == SamplingConfig()
+    fovea = "methods.fovea.drafter=d"
+    for overrides, message in (([fovea, "methods.fovea.tree.budget=0"], "invalid value 'methods.fovea.tree'.*budget must be"),
+                               ([fovea, "methods.fovea.tree.policy=best"], "invalid value 'methods.fovea.tree'.*policy must be"),
+                               ([fovea, "methods.fovea.tree.widht=3"], "unknown field 'methods.fovea.tree.widht'"),
+                               (["generation.do_sample=true", "generation.temperature=0"],
+                                "invalid value 'generation'.*temperature must be > 0 when sampling"),
+                               (["generation.top_p=0"], "invalid value 'generation'.*top_p"),
+                               (["generation.tempreature=1"], "unknown field 'generation.tempreature'")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(GenerateConfig, None, overrides)
+    assert MethodSection(kind="pld").drafted_tree() == TreeConfig(budget=DEFAULT_BUDGET["pld"])
+    assert MethodSection(kind="pld", tree={"width": 2, "budget": 40}).drafted_tree() == TreeConfig(width=2)
 
 
 def test_a_manifest_whose_every_row_is_rejected_is_not_a_success(world, ray_local, tmp_path):

@@ -1,14 +1,23 @@
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import pytest
-from pydantic import SecretStr, model_validator
+from pydantic import BaseModel, SecretStr, model_validator
 
 from jobs.lib.config import (ConfigError, Strict, apply_override, build_config, cli, config_hash, load_config,
                              parse_override)
-from jobs.lib.job import JobConfig, job_entry
+from jobs.lib.job import JobConfig, TargetSection, job_entry
+from spec_core.decoding.sampling import SamplingConfig
+from spec_core.decoding.tree import TreeConfig
+from spec_core.fovea.config import FoveaConfig, LossConfig
+from spec_core.medusa import MedusaConfig
 from tests.conftest import REPO
+
+# spec_core's configs that jobs read from YAML (a section of their own, or fields of one)
+CONFIG_DATACLASSES = (TreeConfig, SamplingConfig, FoveaConfig, LossConfig, MedusaConfig)
 
 
 class Inner(Strict):
@@ -102,6 +111,80 @@ def test_the_jobs_shipped_yaml_validates(job):
     """manifests/jobs/<job>.yaml loads into the job's own config class (the docs run these)."""
     model, _ = job_entry(job)
     load_config(model, Path(REPO) / "manifests" / "jobs" / f"{job}.yaml")
+
+
+def _sections(ann, seen: set) -> set:
+    """Every pydantic model and dataclass reachable from the annotation `ann` (unions, lists and
+    dicts looked through)."""
+    if isinstance(ann, type) and (issubclass(ann, BaseModel) or dataclasses.is_dataclass(ann)):
+        if ann not in seen:
+            seen.add(ann)
+            hints = ({n: f.annotation for n, f in ann.model_fields.items()} if issubclass(ann, BaseModel)
+                     else get_type_hints(ann))
+            for a in hints.values():
+                _sections(a, seen)
+    for a in get_args(ann):
+        _sections(a, seen)
+    return seen
+
+
+def restated(model: type[BaseModel]) -> list[str]:
+    """The fields of `model`'s sections declared twice: a spec_core config dataclass's fields held
+    again by a section not built on it (or built on it but declaring some itself, or with other
+    types or defaults), and a section's fields declared again by a section extending it."""
+    found = []
+    for section in _sections(model, set()):
+        if not issubclass(section, BaseModel):
+            continue
+        built_on = getattr(section, "__config_dataclass__", None)
+        for config in CONFIG_DATACLASSES:
+            names = {f.name for f in dataclasses.fields(config)}
+            if config is built_on:
+                hints = get_type_hints(config)
+                if names & set(section.__base__.model_fields) or {
+                        f.name: (hints[f.name], f.default) for f in dataclasses.fields(config)} != {
+                        n: (section.model_fields[n].annotation, section.model_fields[n].default) for n in names}:
+                    found.append(f"{section.__name__} restates {config.__name__}")
+            elif names <= set(section.model_fields):
+                found.append(f"{section.__name__} restates {config.__name__}")
+        declared = set(section.__dict__.get("__annotations__", {})) & set(section.model_fields)
+        for base in section.__mro__[1:]:
+            if issubclass(base, BaseModel) and base is not BaseModel and declared & set(base.model_fields):
+                found.append(f"{section.__name__} redeclares {sorted(declared & set(base.model_fields))} of {base.__name__}")
+    return found
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_each_config_field_is_declared_once(job):
+    """A spec_core config dataclass declares its fields once: a job's section is the dataclass
+    itself (a method's tree, the loss) or takes its fields from it (with_fields_of: the drafter,
+    generation) beside fields of its own; a section extends another (the target sections extend
+    jobs.lib's TargetSection) without declaring its fields again."""
+    model, _ = job_entry(job)
+    assert restated(model) == []
+    if "target" in model.model_fields:
+        assert issubclass(model.model_fields["target"].annotation, TargetSection)
+
+
+def test_the_declared_once_check_catches_a_restated_field():
+    class TreeSection(Strict):  # generate's section before it took spec_core's TreeConfig
+        width: int = 6
+        depth: int = 6
+        budget: int = 40
+        step_tokens: int = 0
+        policy: str = "fixed"
+
+    class Target(TargetSection):
+        path: str = "elsewhere"
+
+    class Method(Strict):
+        tree: TreeSection = TreeSection()
+
+    class Job(JobConfig):
+        methods: dict[str, Method] = {}
+        target: Target = Target()
+
+    assert sorted(restated(Job)) == ["Target redeclares ['path'] of TargetSection", "TreeSection restates TreeConfig"]
 
 
 SECRET = "s3cr3t-value"
