@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager
 
 import pytest
 
@@ -27,7 +28,7 @@ TEST_ENV = {"RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "1", "TORCHDYNAMO_DISABLE": "1
 for _name, _value in TEST_ENV.items():
     os.environ.setdefault(_name, _value)
 
-RAY_FIXTURES = {"ray_local", "ray_head"}
+RAY_FIXTURES = {"ray_local"}
 RAY_SESSION = "/tmp/ray/session_latest"  # Ray points it at every new cluster's session directory
 
 
@@ -99,11 +100,12 @@ def ray_local():
     ray.shutdown()
 
 
-@pytest.fixture
-def ray_head(tmp_path):
+@contextmanager
+def ray_head_cluster(*extra_args: str):
     """A separate `ray start --head --block` cluster (with the dashboard, for `ray job submit`) in
     its own process group, on loopback; yields (GCS address, env, dashboard URL). The env puts
-    this interpreter's bin first on PATH, so that `python` in a submitted job is ours."""
+    this interpreter's bin first on PATH, so that `python` in a submitted job is ours.
+    `extra_args` go to `ray start` (e.g. --num-gpus=1: a GPU resource that Ray schedules by)."""
     import signal
     import subprocess
     import sys
@@ -117,7 +119,7 @@ def ray_head(tmp_path):
         [str(Path(bin_dir) / "ray"), "start", "--head", "--block", f"--port={port}",
          "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=true",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-         f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}"],
+         f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}", *extra_args],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         yield f"127.0.0.1:{port}", env, f"http://127.0.0.1:{dash}"

@@ -4,7 +4,6 @@ gives every sample exactly once."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -201,28 +200,6 @@ def test_a_killed_run_reruns_to_exactly_once(world, tmp_path):
     ids = read_kind(Storage(), str(art), "samples").column("id").to_pylist()
     assert len(ids) == len(set(ids)) == len(samples)  # 0 lost, 0 duplicated
     assert sorted(ids) == sorted(s["id"] for s in samples)
-
-
-@pytest.mark.ray
-def test_ray_job_submit_to_a_started_head(world, ray_head, tmp_path):
-    """`ray job submit --working-dir . -- python jobs/precompute.py ...` against `ray start --head`."""
-    root, _, manifest = world
-    _, env, dashboard = ray_head
-    runtime_env = {"excludes": [".venv", ".git", "runs", ".cache", "build", ".pytest_cache", "**/__pycache__"],
-                   "env_vars": {"SPEC_NO_PROGRESS": "1"}}
-    cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", dashboard,
-           "--working-dir", str(REPO), "--runtime-env-json", json.dumps(runtime_env), "--",
-           "python", "jobs/precompute.py", "--config", "manifests/jobs/precompute.yaml",
-           "--set", f"run.output_uri={tmp_path}", "--set", f"data.manifest={manifest}",
-           "--set", f"target.path={root / 'target'}", "--set", "data.limit=6", "--set", "data.shard_size=3"]
-    for _ in range(5):  # the head's dashboard and job agent may still be coming up
-        r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-        if r.returncode == 0 and "succeeded" in r.stdout:
-            break
-        time.sleep(3)
-    assert r.returncode == 0 and "succeeded" in r.stdout, (r.stdout + r.stderr)[-3000:]
-    metrics = json.loads(next(tmp_path.glob("precompute/*/metrics.json")).read_text())
-    assert metrics["figures"]["ray"] == "joined" and metrics["figures"]["samples"] == 6
 
 
 def test_missing_manifest_is_one_line_and_commits_nothing(tmp_path):

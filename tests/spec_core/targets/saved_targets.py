@@ -1,8 +1,8 @@
-"""The tiny random LLaVA-NeXT and Qwen2.5-VL of conftest.py saved as local model directories that
-jobs can load: a word-level tokenizer whose ids match the models' (pad 0, bos 1, eos 2, image 99,
-Qwen's vision start / end 97 / 96), a chat template, and the image side - LLaVA-NeXT's processor
-over its PIL-backed image processor, Qwen2.5-VL's PIL-backed image processor alone (its processor
-needs torchvision). Every word is one token, so a test can spell expected token ids directly."""
+"""The tiny random LLaVA-1.5, LLaVA-NeXT and Qwen2.5-VL of conftest.py saved as local model
+directories that jobs can load: a word-level tokenizer whose ids match the models' (pad 0, bos 1,
+eos 2, image 99, Qwen's vision start / end 97 / 96), a chat template, and the image side - the
+LLaVA processors over their PIL-backed image processors, Qwen2.5-VL's PIL-backed image processor
+alone (its processor needs torchvision). Every word is one token, so a test can spell expected token ids directly."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlavaNextProcessor, PreTrainedTokenizerFast
+from transformers import CLIPImageProcessorPil, LlavaNextProcessor, LlavaProcessor, PreTrainedTokenizerFast
 from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from spec_core.reference.vlm.tokenizer import CHAT_TEMPLATE
-from tests.spec_core.targets.conftest import BOS, IMAGE, PAD, build_llava_next, build_qwen
+from tests.spec_core.targets.conftest import BOS, IMAGE, PAD, build_llava, build_llava_next, build_qwen
 
 EOS, UNK, USER, ASSISTANT, END, IM_START, IM_END = 2, 3, 4, 5, 6, 7, 8
 VISION_END, VISION_START, VIDEO = 96, 97, 98
@@ -51,19 +51,30 @@ def word_tokenizer(image_token: str, chat_template: str) -> PreTrainedTokenizerF
     return fast
 
 
+def _save_llava_family(directory: Path, model, processor_class, images) -> Path:
+    """A LLaVA(-NeXT) model with its processor over `images` (16 px views of 8 px patches)."""
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = [END, EOS], PAD  # stop at end of turn
+    processor = processor_class(image_processor=images, tokenizer=word_tokenizer("<image>", CHAT_TEMPLATE),
+                                patch_size=8, vision_feature_select_strategy="default",
+                                num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE)
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory
+
+
+def save_llava(directory: Path) -> Path:
+    """Tiny LLaVA-1.5 + LlavaProcessor: every image resized and cropped to 16 px, 4 visual tokens."""
+    images = CLIPImageProcessorPil(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
+    return _save_llava_family(directory, build_llava(), LlavaProcessor, images)
+
+
 def save_llava_next(directory: Path) -> Path:
     """Tiny LLaVA-NeXT + LlavaNextProcessor (grid pinpoints 16x32, 32x16, 32x32 over 16 px views):
     a 32x16 (w x h) image gives 14 visual tokens, 20x20 gives 24."""
     model = build_llava_next()
-    model.generation_config.eos_token_id, model.generation_config.pad_token_id = [END, EOS], PAD  # stop at end of turn
     images = LlavaNextImageProcessorPil(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16},
                                         image_grid_pinpoints=model.config.image_grid_pinpoints)
-    processor = LlavaNextProcessor(image_processor=images, tokenizer=word_tokenizer("<image>", CHAT_TEMPLATE),
-                                   patch_size=8, vision_feature_select_strategy="default",
-                                   num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE)
-    model.save_pretrained(directory)
-    processor.save_pretrained(directory)
-    return directory
+    return _save_llava_family(directory, model, LlavaNextProcessor, images)
 
 
 def save_qwen(directory: Path) -> Path:
