@@ -1,9 +1,12 @@
-"""Ray start-up: a Ray Data stage failing before any output is reported once. (A job joining the
-cluster in RAY_ADDRESS, and `ray job submit`: tests/docs/test_guide.py.)"""
+"""Ray start-up: a Ray Data stage failing before any output is reported once; a local Ray left by a
+killed driver is stopped by the next start. (A job joining the cluster in RAY_ADDRESS, and `ray job
+submit`: tests/docs/test_guide.py.)"""
 
+import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,6 +17,7 @@ pytestmark = pytest.mark.ray
 
 _FAILING_STAGE = """
 import sys
+import time
 import ray
 from jobs.lib.job import one_line_errors
 from jobs.lib.ray_setup import RayConfig, init_ray
