@@ -40,7 +40,7 @@ class JanusAdapter(VisualLM):
         gen, text = model.generation_config, model.config.text_config
         self.bos_token_id = _first_set(bos_token_id, gen.bos_token_id, text.bos_token_id)
         self.pad_token_id = _first_set(pad_token_id, gen.pad_token_id, text.pad_token_id)
-        self.boi_token_id = _first_set(boi_token_id, (gen.generation_kwargs or {}).get("boi_token_id"))
+        self.boi_token_id = _first_set(boi_token_id, (getattr(gen, "generation_kwargs", None) or {}).get("boi_token_id"))
         missing = [n for n in ("bos_token_id", "pad_token_id", "boi_token_id") if getattr(self, n) is None]
         if missing:
             raise ValueError(f"Janus image generation needs {missing}: pass them or set the generation config")

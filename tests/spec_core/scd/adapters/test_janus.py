@@ -133,3 +133,8 @@ def test_missing_boi_is_a_user_error():
     with pytest.raises(ValueError, match="boi_token_id"):
         JanusAdapter(model)
     assert JanusAdapter(model, boi_token_id=J_BOI).boi_token_id == J_BOI
+    # a generation config derived from the model's config (`_from_model_config`): transformers
+    # drops its generation_kwargs on load; the same user error, not an AttributeError
+    del model.generation_config.generation_kwargs
+    with pytest.raises(ValueError, match="boi_token_id"):
+        JanusAdapter(model)
