@@ -15,9 +15,7 @@ planned long-run rate: N maximises tokens - rate x seconds); N = 0 is a plain AR
 untouched: any tree is verified by the target's own rule; only the tree's size changes.
 
 - `CostModel`: t_verify(T) = a + b T, a least-squares fit over measured (tokens, seconds) with
-  exponential forgetting (calibrated when an engine starts, refreshed by every step) - or, with
-  `band_curve`, a monotone curve kept per token band (`cost_curve.BandCurve`, the line's slope
-  beyond the measured bands; measured slower than the line, so off by default), the
+  exponential forgetting (calibrated when an engine starts, refreshed by every step), the
   drafter's seconds per depth, and what committing a verified tree costs beyond an AR step's commit
   (t_commit(N > 0) - t_commit(0): moving accepted KV, feeding the accepted tokens to a feature
   drafter, which an AR step defers) - exponential moving averages. Where the drafter costs as much
@@ -47,8 +45,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-
-from spec_core.decoding.cost_curve import BandCurve
 
 _BUCKETS = 10          # confidence buckets [0, .1), ..., [.9, 1]
 _PRIOR_WEIGHT = 4.0    # pseudo-observations behind each bucket's prior
@@ -129,9 +125,8 @@ class LineFit:
 
 @dataclass
 class CostModel(LineFit):
-    """Seconds of a verification forward over T tokens (all slots): a + b T (the LineFit), or with
-    `curve` the band curve once two bands are measured, and of drafting: seconds per depth as a line
-    in the rows the drafter expands (slots x width)."""
+    """Seconds of a verification forward over T tokens (all slots): a + b T (the LineFit), and of
+    drafting: seconds per depth as a line in the rows the drafter expands (slots x width)."""
 
     draft_per_depth: float = 0.0   # seconds of one drafting depth (EMA over every width); 0: not measured yet
     draft_step: float = 0.0        # seconds of a whole draft (EMA over drafting steps); 0: not measured yet
@@ -141,7 +136,6 @@ class CostModel(LineFit):
     nodes_fit: LineFit = field(default_factory=LineFit)  # a proposer's whole draft: seconds vs nodes per slot
     overhead: float = -1.0         # seconds of a step outside drafting, verifying and the commit extra (EMA); < 0: not yet
     ar: dict[int, float] = field(default_factory=dict)    # rows -> seconds of a verify without nodes (EMA)
-    curve: BandCurve | None = None  # a monotone curve per token band (cost_curve); None: the line alone
     pad: Callable[[int], int] | None = None  # tokens per row a step runs for n (CUDA graphs: its bucket)
 
     def run_tokens(self, per_row: int | np.ndarray) -> int | np.ndarray:
@@ -153,27 +147,10 @@ class CostModel(LineFit):
             return np.array([self.pad(int(n)) for n in per_row.ravel()], dtype=per_row.dtype).reshape(per_row.shape)
         return self.pad(int(per_row))
 
-    def observe(self, x: float, seconds: float) -> None:
-        super().observe(x, seconds)
-        if self.curve is not None:
-            self.curve.observe(x, seconds)
-
-    def verify_s(self, tokens: float | np.ndarray | torch.Tensor) -> float | np.ndarray | torch.Tensor:
-        """Seconds of verifying `tokens` tokens (a number or an array of them): the curve once two
-        token bands have been measured, else the line."""
-        if self.curve is not None and self.curve.bands >= 2:
-            slope = self.coefficients()[1]
-            if isinstance(tokens, np.ndarray):
-                return self.curve.at(torch.from_numpy(tokens), slope=slope).numpy()
-            return self.curve.at(tokens, slope=slope)
+    def verify_s(self, tokens: float | np.ndarray) -> float | np.ndarray:
+        """Seconds of verifying `tokens` tokens (a number or an array of them): the line. (A
+        monotone curve per token band ran within noise of it, 0.96-1.01x: removed, see git.)"""
         return self.at(tokens)
-
-    def describe_curve(self) -> str:
-        """The band curve as 'tokens:ms' points ('' where there is none yet)."""
-        if self.curve is None or self.curve.bands < 2:
-            return ""
-        x_K, y_K = self.curve.points()
-        return " ".join(f"{x:.0f}:{1e3 * y:.2f}" for x, y in zip(x_K.tolist(), y_K.tolist()))
 
     def observe_ar(self, rows: int, seconds: float, alpha: float = 0.2) -> None:
         """A verify of the roots alone (an AR step, or a tree truncated to no node)."""
@@ -555,7 +532,7 @@ class GoodputPolicy:
 
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.03,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
-                 explore_share: float = 0.01, learn_every: int = 4, band_curve: bool = False,
+                 explore_share: float = 0.01, learn_every: int = 4,
                  ar_probe_every: int = 64, replan_every: int = 4, ar_probe_share: float = 0.0025,
                  explore_rows: int = 6, learn_share: float = 0.02, learn_allowance: float = 4.0):
         # alpha: the value curves' forgetting per step (`_Curves.learn`). At 0.1 a curve rested on the
@@ -570,11 +547,7 @@ class GoodputPolicy:
         # paired against the CPU tree, the grid's 24 prompts x 96 new tokens): 0.01 against 0.02 ran
         # +2.2% / +1.3% / +1.5% (EAGLE-2-style, batch 8 / 16 / 2), +0.7% (FOVEA, batch 4), +5.2%
         # (Token Recycling, batch 8); at 48 x 128, +3.3% (EAGLE-2-style, batch 8), +0.2% (FOVEA, batch 2).
-        # band_curve: verification seconds from `cost_curve.BandCurve` instead of the forgetting line
-        # alone - measured on 2 cores (2026-12-03, EAGLE-2-style, batch 1-16): it verified more nodes
-        # (8.1 against 7.0 per step at batch 2) but ran 0.90-0.99x as fast as the line; with the
-        # global scale (cost_curve) 0.96-1.01x at batch 1-8 - so it is off
-        self.cost = CostModel(curve=BandCurve() if band_curve else None)
+        self.cost = CostModel()
         self.acceptance = AcceptanceModel(max_nodes=0 if depth_scaled else budget)
         self.depth_scaled = depth_scaled
         self.budget, self.depth, self.alpha = budget, depth, alpha
@@ -954,6 +927,5 @@ class GoodputPolicy:
                 "ar_steps": self.depths.count(0), "explorations": self.explorations, "probes": self.probes,
                 "learning_loss_s": self.learn_loss, "ar_equivalent_s": self.ar_time,
                 "verify_ms_intercept": 1e3 * a, "verify_ms_per_token": 1e3 * b,  # the current line
-                "verify_curve": self.cost.describe_curve(),
                 "draft_ms_per_depth": 1e3 * self.cost.draft_per_depth,
                 "commit_extra_ms": 1e3 * self.cost.commit_extra(), "step_overhead_ms": 1e3 * self.cost.overhead_s()}
