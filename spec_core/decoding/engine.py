@@ -141,7 +141,8 @@ class DecodeEngine:
         # the policy narrows a feature drafter's EAGLE-2 tree (Medusa's and proposers' trees are their own)
         self.policy = (GoodputPolicy(self.tree_cfg.budget, self.tree_cfg.depth,
                                      width=self.tree_cfg.width if feature_drafter else None,
-                                     depth_scaled=drafter is not None)
+                                     depth_scaled=drafter is not None,
+                                     prior=getattr(drafter, "acceptance", None))  # its own top-1 figures
                        if speculative and self.tree_cfg.policy == "goodput" else None)
         self._draft_width = 0  # the width this step's feature-drafter tree expanded
         self.buckets = Buckets(graphs=compile and adapter.model.device.type == "cuda")

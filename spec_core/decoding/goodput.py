@@ -383,8 +383,13 @@ class _Curves:
     curves, on the prior's calibration, kept a slowly learning plan on a 2-deep chain, 0.88x of the
     CPU tree). A proposer's nodes carry no score: its curves hold p's (one 'bucket' worth 1)."""
 
-    def __init__(self, budget: int, depth: int, alpha: float, depth_scaled: bool):
+    def __init__(self, budget: int, depth: int, alpha: float, depth_scaled: bool,
+                 prior_DM: np.ndarray | None = None, prior_weight: float = 0.0):
         self.budget, self.depth, self.alpha, self.depth_scaled = budget, depth, alpha, depth_scaled
+        # the drafter's own figures as V_d(N), d = 1..depth, N = 0..budget (`prior_curves`), worth
+        # prior_weight slot-trees against those learnt (None: the curves are what the trees taught)
+        self.prior_DM, self.prior_weight = prior_DM, prior_weight
+        self._rows = np.zeros((depth + 1, budget + 1))  # slot-trees that taught each V_d(N)
         self._gain: np.ndarray | None = None  # (depth + 1, budget + 1, K): V_d - V_{d-1} (V_0 = 0) per bucket, EMA
         self._known = 0  # depths 1.._known have a gain (a tree drafted to depth d measures 1..d)
         self._n = np.zeros((depth + 1, budget + 1))  # trees that taught each V_d(N)
@@ -438,6 +443,7 @@ class _Curves:
         n_DM = self._n[1: D + 1]
         taught_DM = (np.arange(M) < (M if narrowed is None else narrowed + 1)) | (n_DM == 0)
         n_DM += taught_DM
+        self._rows[1: D + 1] += taught_DM * x_AN.shape[0]
         a = 1 - (1 - self.alpha) ** learn_every  # one tree in learn_every: the same memory in steps
         a_DM1 = np.where(taught_DM, np.maximum(a, 1.0 / np.maximum(n_DM, 1)), 0.0)[..., None]
         self._gain[1: D + 1] += a_DM1 * (gain_DMK - self._gain[1: D + 1])
@@ -445,25 +451,52 @@ class _Curves:
         self._V_KMK = self._gain[1: self._known + 1].cumsum(0)
 
     def knows(self, d: int) -> bool:
-        """Whether depth d has a curve (a tree drafted at least that deep has taught it)."""
+        """Whether depth d has a learnt curve (a tree drafted at least that deep has taught it)."""
         return self._known >= d
 
+    def plannable(self) -> bool:
+        """Whether every depth has a curve to plan on: learnt, or the drafter's figures."""
+        return self.prior_DM is not None or self.knows(self.depth)
+
     def _weighed(self, worth_K: np.ndarray) -> np.ndarray:
-        """(_known, budget + 1) V_d(N), N = 0..budget, each bucket at `worth_K` (a proposer's p's as they are)."""
-        return self._V_KMK @ (worth_K if self._buckets else np.ones(1))
+        """(depth, budget + 1) V_d(N), N = 0..budget, each bucket at `worth_K` (a proposer's p's as
+        they are), blended with the prior (n learnt slot-trees against its weight W: (n V + W
+        V_prior) / (n + W)); NaN for a depth with neither."""
+        V_DM = np.full((self.depth, self.budget + 1), np.nan)
+        if self._V_KMK is not None:
+            V_DM[: self._known] = self._V_KMK @ (worth_K if self._buckets else np.ones(1))
+        if self.prior_DM is None:
+            return V_DM
+        n_DM, W = self._rows[1:], self.prior_weight
+        return np.where(np.isnan(V_DM), self.prior_DM, (n_DM * np.nan_to_num(V_DM) + W * self.prior_DM) / (n_DM + W))
 
     def V(self, worth_K: np.ndarray) -> np.ndarray | None:
         """(depth, budget): V_d(N), d = 1..depth, N = 1..budget (-1: no curve for that depth yet);
-        None before any tree."""
-        if self._V_KMK is None:
+        None before any tree and without a prior."""
+        if self._V_KMK is None and self.prior_DM is None:
             return None
-        return np.concatenate([self._weighed(worth_K)[:, 1:], np.full((self.depth - self._known, self.budget), -1.0)])
+        return np.nan_to_num(self._weighed(worth_K)[:, 1:], nan=-1.0)
 
     def value(self, worth_K: np.ndarray) -> list[list[float] | None]:
         """V_d(N), N = 0..budget, per d = 0..depth (None: d = 0 and depths with no curve yet)."""
-        if self._V_KMK is None:
+        if self._V_KMK is None and self.prior_DM is None:
             return [None] * (self.depth + 1)
-        return [None] + self._weighed(worth_K).tolist() + [None] * (self.depth - self._known)
+        return [None] + [None if np.isnan(row[0]) else row.tolist() for row in self._weighed(worth_K)]
+
+
+def prior_curves(top1_D, depth: int, budget: int) -> np.ndarray:
+    """(depth, budget + 1) V_d(N) from a drafter's top-1 agreement per draft step a_1, a_2, ...
+    (as training measured it; a_last again past the last measured step): the expected accepted
+    nodes of the top-1 chain within the first N nodes of a depth-d tree,
+        V_d(N) = sum_{k <= min(d, N)} prod_{i <= k} a_i,
+    a node of depth k accepted iff its whole path is. Every other node counts 0: a lower bound for
+    a wider tree (its other nodes only add), so the prior favours a chain until trees show more."""
+    a_D = np.asarray(list(top1_D)[:depth], dtype=np.float64)
+    a_D = np.concatenate([a_D, np.full(depth - len(a_D), a_D[-1])])
+    chain_D = np.cumsum(np.cumprod(np.clip(a_D, 0.0, 1.0)))  # accepted within a chain of d nodes
+    chain_K = np.concatenate([[0.0], chain_D])  # k = 0..depth
+    d_D1, n_1M = np.arange(1, depth + 1)[:, None], np.arange(budget + 1)[None]
+    return chain_K[np.minimum(d_D1, n_1M)]
 
 
 def _halvings(width: int) -> list[int]:
@@ -528,13 +561,24 @@ class GoodputPolicy:
     a shallow draft at a depth's share of a proposer's cost chose to draft where it did not pay.)
     An ordinary step bounds the proposer's draft at the N it planned (`draft_nodes`): measured on
     2 cores, Token Recycling building its whole 80-node template per slot every step to keep ~6
-    nodes cost 7.5% of the wall time at batch 2."""
+    nodes cost 7.5% of the wall time at batch 2.
+
+    `prior` (a trained drafter's top-1 agreement per draft step, saved with it: `FoveaDrafter.
+    acceptance`): every width class's value curves start from `prior_curves` of those figures, worth
+    `explore_rows` slot-trees against the trees that teach them - as much as the repeated first
+    explorations would have taught each entry, which then run once (the cost fit still needs every
+    shape once); and the figures count as `explore_rows` slot-trees of their chain's accepted nodes
+    towards `SETTLE_ACCEPTED`, so a drafter whose own figures say it cannot pay settles on AR once
+    the plan is AR and the learning budget is spent, without trees of its own. Without figures (an
+    untrained drafter, one saved before they were, a training-free proposer) the curves start from
+    nothing, as before: the first explorations teach them, within the floor's learning budget."""
 
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.03,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
                  explore_share: float = 0.01, learn_every: int = 4,
                  ar_probe_every: int = 64, replan_every: int = 4, ar_probe_share: float = 0.0025,
-                 explore_rows: int = 6, learn_share: float = 0.02, learn_allowance: float = 4.0):
+                 explore_rows: int = 6, learn_share: float = 0.02, learn_allowance: float = 4.0,
+                 prior: tuple[float, ...] | None = None):
         # alpha: the value curves' forgetting per step (`_Curves.learn`). At 0.1 a curve rested on the
         # last ~10 steps' trees (at batch 2, ~20 slot-trees; a deep curve, taught by explorations
         # alone, on the last two or three of them) and the plan, an argmax over ~1,000 (class, depth,
@@ -560,7 +604,10 @@ class GoodputPolicy:
         # 1.91x AR where the policy drafting 6 wide reached 1.79x; at batch 16 a 3-deep chain 1.50x
         # where the policy, its narrowest class 3 wide, reached 1.24x)
         self.classes: list[int | None] = [None] if width is None else _halvings(width)
-        self.curves = [_Curves(budget, depth, alpha, depth_scaled) for _ in self.classes]
+        prior_DM = prior_curves(prior, depth, budget) if prior else None
+        self.curves = [_Curves(budget, depth, alpha, depth_scaled, prior_DM, explore_rows) for _ in self.classes]
+        # the figures' accepted nodes per slot-tree, as explore_rows slot-trees towards _hopeless
+        self._prior_trees = (explore_rows, explore_rows * prior_DM[-1, -1]) if prior_DM is not None else (0, 0.0)
         self._class = self._plan_class = len(self.classes) - 1  # this step's width class, the last plan's
         # explorations: (node count, width class) - the full tree, none, half and a quarter of the
         # budget at the full width, then the whole budget at each narrower width
@@ -641,7 +688,7 @@ class GoodputPolicy:
             self.draft_width, self._probe, self.draft_nodes, self._drafted_nodes = self.width, False, None, 0
             self.depths.append(0)
             return 0
-        if self.steps == 0 and len(self.classes) > 1:
+        if self.steps == 0 and len(self.classes) > 1 and not self._prior_trees[0]:  # figures: one round
             self._initial = len(self.explore) * max(1, math.ceil(self.explore_rows / max(n_active, 1)))
         k = self._exploring()
         if k is not None and self.steps >= 2 and not self._may_learn(rows):  # (the first two calibrate the costs)
@@ -653,7 +700,7 @@ class GoodputPolicy:
         self.draft_width, self._probe, self._class = self.width, False, len(self.classes) - 1
         self.draft_nodes = None  # a proposer's draft bound (None: the whole budget)
         self._drafted_nodes = 0  # nodes per slot this step drafted (set by `choose`)
-        if not self.cost.ready or not self.curves[-1].knows(self.depth) or (
+        if not self.cost.ready or not self.curves[-1].plannable() or (
                 k is not None and (self.steps < self._initial or self.idle == 0)):
             d = self.depth
             if k is not None:  # an exploration at its width class
@@ -708,7 +755,8 @@ class GoodputPolicy:
         explorations (a large batch on a CPU) still probes later, as the learning budget allows."""
         if not self.pays_if_accepted(rows):
             return True
-        return self.tried_rows > 0 and self.accepted / self.tried_rows < self.SETTLE_ACCEPTED
+        rows_seen, accepted = self.tried_rows + self._prior_trees[0], self.accepted + self._prior_trees[1]
+        return rows_seen > 0 and accepted / rows_seen < self.SETTLE_ACCEPTED
 
     SETTLE_ACCEPTED = 0.5  # accepted nodes per slot-tree below which a drafter is past hope (trained: ~3)
 
