@@ -571,7 +571,12 @@ class GoodputPolicy:
     towards `SETTLE_ACCEPTED`, so a drafter whose own figures say it cannot pay settles on AR once
     the plan is AR and the learning budget is spent, without trees of its own. Without figures (an
     untrained drafter, one saved before they were, a training-free proposer) the curves start from
-    nothing, as before: the first explorations teach them, within the floor's learning budget."""
+    nothing, as before: the first explorations teach them, within the floor's learning budget.
+
+    One policy may serve several engines in turn (`DecodeEngine(policy=...)`: a generate actor's
+    engines of one method and batch size share it, so its later shards start from what the first
+    ones learnt); `begin` drops what belonged to the last engine's step in flight, the stats add
+    up over all of them."""
 
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.03,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
@@ -663,6 +668,12 @@ class GoodputPolicy:
         # which on AR steps costs what no draft will repay (measured on 2 cores, an untrained FOVEA
         # drafter on a random small-size LLaVA: 98-99% AR steps, 0.83-0.86x AR's speed at batch 4)
         self.settled, self._settled_ar_s = False, 0.0  # (an AR step's seconds when it settled; `_hopeless`)
+
+    def begin(self) -> None:
+        """A new engine takes this policy over: what the last one's step in flight left (its tree's
+        keys, a probe or an AR probe under way, the last plan) goes; what was learnt stays."""
+        self._step, self._probe, self._ar_left, self._prev_ar = None, False, 0, False
+        self._planned, self._seconds = None, (None, None)
 
     @property
     def value(self) -> list[list[float] | None]:

@@ -924,3 +924,41 @@ def test_a_saved_drafters_figures_are_its_policys_prior_and_old_directories_load
     with pytest.raises(ValueError, match="top-1"):
         save_acceptance(tmp_path / "bad", (1.5,))
 
+
+def test_engines_that_share_a_policy_start_from_what_the_first_learnt(tiny_world):
+    """A second engine handed the first one's policy (a generate actor's next shard) continues
+    it: no first explorations again, only the re-explorations due; and a policy that settled on
+    AR stays settled - the next engine never prefills the drafter. Outputs stay AR's token for
+    token; a policy of another tree is refused."""
+    from spec_core.decoding import DecodeEngine, Request, TreeConfig
+    from tests.spec_core.decoding.conftest import prompt_inputs
+
+    adapter, processor, drafter, evals, _ = tiny_world
+    reqs = [Request(prompt_inputs(processor, s), 12, s["id"]) for s in evals]
+    ar = {r.key: r.sequences[0].tolist() for r in DecodeEngine(adapter, batch_size=2, capacity=512).generate(reqs)}
+    tree = TreeConfig(3, 3, 8, policy="goodput")
+    first = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=tree)
+    pol = first.policy
+    pol.pays_if_accepted = lambda rows: True  # learning may run, whatever this machine's timings
+    pol.learn_allowance = 1e9
+    assert {r.key: r.sequences[0].tolist() for r in first.generate(reqs)} == ar
+    learnt = pol.stats()
+    assert pol.steps >= pol._initial == 3 * len(pol.explore) <= learnt["explorations"]  # the flat start
+    second = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=tree, policy=pol)
+    assert second.policy is pol
+    assert {r.key: r.sequences[0].tolist() for r in second.generate(reqs)} == ar
+    steps = pol.steps - learnt["steps"]
+    assert steps > pol.reexplore and pol.explorations - learnt["explorations"] <= 1 + steps // pol.reexplore
+
+    pol.pays_if_accepted = lambda rows: False  # now nothing can pay: the plan settles on AR
+    pol._best_plan = lambda n_active, rows: (0, 0)
+    list(second.generate(reqs[:2]))
+    assert pol.settled
+    third = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=tree, policy=pol)
+    prefilled = []
+    prefill = third._drafter_prefill
+    third._drafter_prefill = lambda *a: (prefilled.append(1), prefill(*a))[1]
+    assert {r.key: r.sequences[0].tolist() for r in third.generate(reqs)} == ar and prefilled == []
+    with pytest.raises(ValueError, match="cannot serve"):
+        DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=TreeConfig(3, 3, 12, policy="goodput"),
+                     policy=pol)
