@@ -29,12 +29,15 @@ ACCEPTANCE = "acceptance.json"
 
 def save_acceptance(directory: str | Path, top1_D: Sequence[float] | None) -> None:
     """Write a drafter's top-1 agreement per draft step (depth 1, 2, ...) as measured in training;
-    nothing where there are none (an untrained drafter)."""
-    if top1_D:
-        figures = [float(a) for a in top1_D]
-        if not all(0.0 <= a <= 1.0 for a in figures):
-            raise ValueError(f"top-1 agreement must lie in [0, 1], got {figures}")
-        (Path(directory) / ACCEPTANCE).write_text(json.dumps({"top1_per_depth": figures}, indent=2))
+    none where there are none (an untrained drafter: an earlier save's figures go too)."""
+    path = Path(directory) / ACCEPTANCE
+    if not top1_D:
+        path.unlink(missing_ok=True)
+        return
+    figures = [float(a) for a in top1_D]
+    if not all(0.0 <= a <= 1.0 for a in figures):
+        raise ValueError(f"top-1 agreement must lie in [0, 1], got {figures}")
+    path.write_text(json.dumps({"top1_per_depth": figures}, indent=2))
 
 
 def read_acceptance(directory: str | Path) -> tuple[float, ...] | None:

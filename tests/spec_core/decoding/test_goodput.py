@@ -921,6 +921,9 @@ def test_a_saved_drafters_figures_are_its_policys_prior_and_old_directories_load
     heads.acceptance = (0.6, 0.3)
     heads.save_pretrained(tmp_path / "medusa")
     assert load_drafter(tmp_path / "medusa", adapter).acceptance == (0.6, 0.3)
+    heads.acceptance = None  # saved again without figures: the old ones go
+    heads.save_pretrained(tmp_path / "medusa")
+    assert load_drafter(tmp_path / "medusa", adapter).acceptance is None
     with pytest.raises(ValueError, match="top-1"):
         save_acceptance(tmp_path / "bad", (1.5,))
 
