@@ -126,8 +126,6 @@ def main() -> None:
     ap.add_argument("--grid-max-new", type=int, default=96)
     ap.add_argument("--grid-batch", action="append", type=int, default=[],
                     help="grid batch sizes (default 1, 2, 4, 8, 16); --batch sets part 1's")
-    ap.add_argument("--band-curve", action="store_true",
-                    help="grid: also goodput (40) with the verify cost as a band curve (cost_curve), to compare")
     ap.add_argument("--eager-drafter", action="store_true",
                     help="grid: also goodput with the drafter fed at every AR step (no deferral), to compare")
     ap.add_argument("--compile", choices=("on", "off", "both"), default="on",
@@ -182,7 +180,6 @@ TREES = {"paper 6x6x40": TreeConfig(6, 6, 40), "cpu 3x4x8/32": TreeConfig(3, 4, 
 def grid(adapter, processor, args) -> None:
     """Speculation against AR per batch size (see the module docstring)."""
     from spec_core.decoding import load_drafter
-    from spec_core.decoding.cost_curve import BandCurve
     from spec_core.decoding.proposers import DEFAULT_BUDGET, proposer_factory
 
     eos = adapter.model.generation_config.eos_token_id
@@ -211,9 +208,6 @@ def grid(adapter, processor, args) -> None:
                         tree = TreeConfig(tree.width, tree.depth, m["budget"], tree.step_tokens, tree.policy)
                     label = tname.replace("40", str(m["budget"])) if "budget" in m else tname  # the budget run
                     engines[(mode, name, label)] = make(m.get("drafter"), tree, m.get("proposer"))
-                    if args.band_curve and tname == "goodput (40)":  # the band curve's worth
-                        curved = engines[(mode, name, "goodput curve")] = make(m.get("drafter"), tree, m.get("proposer"))
-                        curved.policy.cost.curve = BandCurve()
                     if args.eager_drafter and "drafter" in m and tname == "goodput (40)":  # the deferral's worth
                         engines[(mode, name, "goodput eager")] = make(m["drafter"], tree, defer_drafter=False)
         warm = {}
@@ -260,8 +254,6 @@ def _against(ar: list[float], t: list[float], fastest: list[float], pol) -> str:
                   f"{st['verify_ms_intercept']:.2f} + {st['verify_ms_per_token']:.3f} ms/token, draft "
                   f"{st['draft_ms_per_depth']:.2f} ms/depth, commit extra {st['commit_extra_ms']:.2f} ms, "
                   f"every step {st['step_overhead_ms']:.2f} ms")
-        if st["verify_curve"]:  # the band curve's points (empty with the default line)
-            nodes += f"\n{'':27s}verify curve (tokens:ms) {st['verify_curve']}"
     return (f"throughput vs AR: median {statistics.median(ratios):.2f}x (min-time {min(ar) / min(t):.2f}x), "
             f"vs the fastest baseline {min(fastest) / min(t):.2f}x{nodes}")
 

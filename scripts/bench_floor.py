@@ -17,6 +17,10 @@ goodput policy on the paper's tree shape (6x6x40; a proposer: its own budget) an
 reverse order; printed: the min-time ratio to AR, the median of the paired ratios, and what the
 policy chose (shares of AR steps, explorations and probes; learning's loss to AR as a share of
 AR's time). Outputs are checked identical to AR's.
+
+With --share-policy each method's engines hand one goodput policy on from run to run (as a
+generate actor's engines do from shard to shard): the runs after the first, unrecorded one start
+from what it learnt, and the choices printed add up over every run.
 """
 
 from __future__ import annotations
@@ -78,14 +82,20 @@ def bench(path: str, label: str, args) -> None:
     methods = dict(method_kwargs(m, adapter, vocab) for m in args.method or ["fovea=untrained", "pld"])
     cap = max(r.inputs["input_ids"].shape[1] for r in reqs) + args.max_new + 128
     for b in args.batch or [1, 4, 16]:
-        def make(drafter=None, proposer=None, tree=None, b=b):
+        def make(drafter=None, proposer=None, tree=None, b=b, policy=None):
             return DecodeEngine(adapter, drafter, batch_size=b, capacity=cap, tree=tree, proposer=proposer,
-                                compile=args.compile == "on")
+                                compile=args.compile == "on", policy=policy)
         makers = {"ar": make}
+        shared: dict[str, object] = {}  # --share-policy: a method's policy, handed from engine to engine
         for name, (kw, budget) in methods.items():
             for tname, tree in (("goodput 6x6", TreeConfig(6, 6, budget, policy="goodput")),
                                 ("goodput cpu", TreeConfig(3, 4, 8, step_tokens=32, policy="goodput"))):
-                makers[f"{name} {tname}"] = lambda kw=kw, tree=tree: make(tree=tree, **kw)
+                def made(key=f"{name} {tname}", kw=kw, tree=tree, shared=shared):
+                    engine = make(tree=tree, **kw, policy=shared.get(key))
+                    if args.share_policy:
+                        shared[key] = engine.policy
+                    return engine
+                makers[f"{name} {tname}"] = made
         times: dict[str, list[float]] = {k: [] for k in makers}
         last = {}
         for rep in range(args.reps + 1):  # the first repetition warms up (compiles, caches), unrecorded
@@ -121,6 +131,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--compile", choices=("on", "off"), default="off")
+    ap.add_argument("--share-policy", action="store_true",
+                    help="one goodput policy per method across runs, as a generate actor keeps it across shards")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         targets = [(p, p) for p in args.target]

@@ -191,16 +191,15 @@ def render(tasks: dict, throughput: dict, memory: dict, bad: dict, methods: list
         lines += ["", "## Goodput policy (nodes verified per slot per step, the cost fit of a verification "
                   "forward, acceptance predicted vs observed)", "",
                   "| method | batch | steps | nodes per slot per step | draft depth per step | verify ms = a + b x tokens "
-                  "| verify ms by tokens (the curve the policy uses, tokens:ms) "
                   "| draft ms per depth | commit ms beyond AR's | ms every step pays | accepted drafts predicted / observed "
                   "| steps AR / explorations / probes | learning lost to AR (s; share of AR's time) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for m, b, p in chosen:
             calib = p["predicted_accepted"] / p["observed_accepted"] if p.get("observed_accepted") else None
             lines.append(f"| {m} | {b} | {p['steps']} | {p['nodes'] / max(p['steps'], 1):.2f} | "
                          f"{p.get('depth', 0) / max(p['steps'], 1):.2f} | "
                          f"{p['verify_ms_intercept']:.2f} + {p['verify_ms_per_token']:.3f} x T | "
-                         f"{p.get('verify_curve') or '-'} | {p['draft_ms_per_depth']:.2f} | "
+                         f"{p['draft_ms_per_depth']:.2f} | "
                          f"{p.get('commit_extra_ms', 0.0):.2f} | "
                          f"{p.get('step_overhead_ms', 0.0):.2f} | {fmt(calib)} | {_choices(p)} |")
     if memory:

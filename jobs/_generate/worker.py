@@ -14,7 +14,10 @@ committed with a marker (jobs.lib.artifact_store), so a rerun skips the shard.
 
 Engines are built once per actor (method, batch size), sized for max_length + max_new_tokens, and
 warmed up on their first use with a request that is not timed (a compiled engine first compiles
-every shape its steps can take: `DecodeEngine.warm_up`, `HFEngine.warm_up`).
+every shape its steps can take: `DecodeEngine.warm_up`, `HFEngine.warm_up`). A goodput policy
+lives as long as the actor too, per (method, batch size): an engine rebuilt after a failed
+request takes over what the old one learnt, and each shard's report holds its own share of the
+policy's counts (the difference of its cumulative stats).
 """
 
 from __future__ import annotations
@@ -116,6 +119,7 @@ class GenerateWorker:
         eos = self.adapter.text_config.eos_token_id if eos is None else eos
         self.eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.engines: dict[tuple[str, int], object] = {}
+        self.policies: dict[tuple[str, int], GoodputPolicy] = {}  # goodput's learnt state, for the actor's life
         self.track_visual = track_visual
         self.compile = compile_enabled(compile)
         if compile_cache:
@@ -157,7 +161,9 @@ class GenerateWorker:
                                   visual_correction=method.visual_correction,
                                   correction_depth=method.correction_depth, proposer=proposer,
                                   viskip=method.viskip, track_visual=self.track_visual and batch == 1,
-                                  compile=self._compiles(method, batch))
+                                  compile=self._compiles(method, batch), policy=self.policies.get(key))
+            if engine.policy is not None:
+                self.policies[key] = engine.policy
             if engine.compile:  # every compiled shape now, not inside timed requests (decoding.warmup)
                 engine.warm_up(Request(warm_inputs, min(8, self.max_new)))
             list(engine.generate([Request(warm_inputs, min(8, self.max_new))]))  # warm-up, not timed
@@ -292,7 +298,7 @@ class GenerateWorker:
 
         t0 = time.perf_counter()
         phases0 = {k: dict(e.phase_s) for k, e in self.engines.items()}
-        policy0 = {k: e.policy.stats() for k, e in self.engines.items() if getattr(e, "policy", None) is not None}
+        policy0 = {k: p.stats() for k, p in self.policies.items()}
         if item["manifest"] not in self.manifests:
             self.manifests[item["manifest"]] = pq.read_table(io.BytesIO(self.store.read_bytes(item["manifest"])))
         rows = self.manifests[item["manifest"]].take(list(item["rows"])).to_pylist()
@@ -315,8 +321,8 @@ class GenerateWorker:
             if str(batch) in throughput[name]:
                 before = phases0.get((name, batch), {})
                 throughput[name][str(batch)]["phases"] = {p: v - before.get(p, 0.0) for p, v in engine.phase_s.items()}
-                if getattr(engine, "policy", None) is not None:  # goodput: its choices and fit, this shard
-                    now, was = engine.policy.stats(), policy0.get((name, batch), {})
+                if (name, batch) in self.policies:  # goodput: its choices and fit, this shard
+                    now, was = self.policies[(name, batch)].stats(), policy0.get((name, batch), {})
                     throughput[name][str(batch)]["policy"] = {k: v - was.get(k, 0) if k in GoodputPolicy.ADDITIVE else v
                                                               for k, v in now.items()}
         compiled: dict[str, dict] = {}  # per method and batch size, over the actor's life (steps compile once)

@@ -232,6 +232,17 @@ def summarize(history: list[dict]) -> dict:
             "seconds_per_step": round(seconds / sum(r["updates"] for r in steady), 4)}
 
 
+def acceptance_figures(history: list[dict]) -> list[float] | None:
+    """The top-1 agreement per draft step that a trained drafter carries (`summarize`'s, over the
+    last 10% of the step log), up to the first step never supervised; None without any."""
+    figures = []
+    for a in summarize(history).get("top1_per_depth", []):
+        if a is None:
+            break
+        figures.append(a)
+    return figures or None
+
+
 def read_state(directory: str | None) -> dict:
     """state.json of a restored checkpoint directory (the fresh state without one)."""
     if directory is None:
@@ -250,7 +261,8 @@ def save_checkpoint(engine, state: dict, rank: int, final: bool) -> None:
         engine.save_checkpoint(d, tag=DS_TAG, save_latest=False)
         if rank == 0:
             (Path(d) / "state.json").write_text(json.dumps(state))
-            if final:
+            if final:  # with its top-1 per draft step over the last records: the goodput policy's prior
+                engine.module.acceptance = acceptance_figures(state["history"])
                 engine.module.save_pretrained(Path(d) / "drafter")
         last = state["history"][-1] if state["history"] else {}
         ray.train.report({"step": state["step"], "loss": last.get("loss")},

@@ -121,7 +121,7 @@ class DecodeEngine:
                  visual_correction: bool = True, correction_depth: int | None = None,
                  proposer: Callable[[], Proposer] | None = None, viskip: float | None = None,
                  track_visual: bool = False, visual_reduce: str = "sum", defer_drafter: bool = True,
-                 compile: bool = False):
+                 compile: bool = False, policy: GoodputPolicy | None = None):
         if drafter is not None and proposer is not None:
             raise ValueError("a drafter or a proposer, not both")
         if compile and (viskip is not None or track_visual):
@@ -138,11 +138,8 @@ class DecodeEngine:
         self.correction_depth = correction_depth    # None: the drafter's trained correction_depth
         self.tree_cfg = tree or TreeConfig()
         speculative = drafter is not None or proposer is not None
-        # the policy narrows a feature drafter's EAGLE-2 tree (Medusa's and proposers' trees are their own)
-        self.policy = (GoodputPolicy(self.tree_cfg.budget, self.tree_cfg.depth,
-                                     width=self.tree_cfg.width if feature_drafter else None,
-                                     depth_scaled=drafter is not None)
-                       if speculative and self.tree_cfg.policy == "goodput" else None)
+        self.policy = self._goodput_policy(policy, feature_drafter) if speculative and \
+            self.tree_cfg.policy == "goodput" else None
         self._draft_width = 0  # the width this step's feature-drafter tree expanded
         self.buckets = Buckets(graphs=compile and adapter.model.device.type == "cuda")
         if self.policy is not None and self.buckets.graphs:  # a tree's seconds are its token bucket's
@@ -204,6 +201,22 @@ class DecodeEngine:
                       if viskip is not None or track_visual else None)
         self.image_BC = torch.zeros(batch_size, capacity, dtype=torch.bool, device=dev)
         self.vis_B = torch.zeros(batch_size, device=dev)
+
+    def _goodput_policy(self, policy: GoodputPolicy | None, feature_drafter: bool) -> GoodputPolicy:
+        """The goodput policy: `policy` where one is handed over (what an earlier engine of the same
+        method and tree learnt), else a new one, starting from the drafter's own acceptance figures
+        where it has them. It narrows a feature drafter's EAGLE-2 tree (Medusa's and proposers'
+        trees are their own)."""
+        cfg, width = self.tree_cfg, self.tree_cfg.width if feature_drafter else None
+        if policy is None:
+            return GoodputPolicy(cfg.budget, cfg.depth, width=width, depth_scaled=self.drafter is not None,
+                                 prior=getattr(self.drafter, "acceptance", None))
+        if (policy.budget, policy.depth, policy.width, policy.depth_scaled) != (
+                cfg.budget, cfg.depth, width, self.drafter is not None):
+            raise ValueError(f"a goodput policy for budget {policy.budget}, depth {policy.depth}, width {policy.width} "
+                             f"cannot serve an engine of tree {cfg} (another method or tree: another policy)")
+        policy.begin()
+        return policy
 
     def close(self) -> None:
         """Remove the visual-share hook from the target (an engine is done with it)."""

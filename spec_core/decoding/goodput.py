@@ -15,9 +15,7 @@ planned long-run rate: N maximises tokens - rate x seconds); N = 0 is a plain AR
 untouched: any tree is verified by the target's own rule; only the tree's size changes.
 
 - `CostModel`: t_verify(T) = a + b T, a least-squares fit over measured (tokens, seconds) with
-  exponential forgetting (calibrated when an engine starts, refreshed by every step) - or, with
-  `band_curve`, a monotone curve kept per token band (`cost_curve.BandCurve`, the line's slope
-  beyond the measured bands; measured slower than the line, so off by default), the
+  exponential forgetting (calibrated when an engine starts, refreshed by every step), the
   drafter's seconds per depth, and what committing a verified tree costs beyond an AR step's commit
   (t_commit(N > 0) - t_commit(0): moving accepted KV, feeding the accepted tokens to a feature
   drafter, which an AR step defers) - exponential moving averages. Where the drafter costs as much
@@ -47,8 +45,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-
-from spec_core.decoding.cost_curve import BandCurve
 
 _BUCKETS = 10          # confidence buckets [0, .1), ..., [.9, 1]
 _PRIOR_WEIGHT = 4.0    # pseudo-observations behind each bucket's prior
@@ -129,9 +125,8 @@ class LineFit:
 
 @dataclass
 class CostModel(LineFit):
-    """Seconds of a verification forward over T tokens (all slots): a + b T (the LineFit), or with
-    `curve` the band curve once two bands are measured, and of drafting: seconds per depth as a line
-    in the rows the drafter expands (slots x width)."""
+    """Seconds of a verification forward over T tokens (all slots): a + b T (the LineFit), and of
+    drafting: seconds per depth as a line in the rows the drafter expands (slots x width)."""
 
     draft_per_depth: float = 0.0   # seconds of one drafting depth (EMA over every width); 0: not measured yet
     draft_step: float = 0.0        # seconds of a whole draft (EMA over drafting steps); 0: not measured yet
@@ -141,7 +136,6 @@ class CostModel(LineFit):
     nodes_fit: LineFit = field(default_factory=LineFit)  # a proposer's whole draft: seconds vs nodes per slot
     overhead: float = -1.0         # seconds of a step outside drafting, verifying and the commit extra (EMA); < 0: not yet
     ar: dict[int, float] = field(default_factory=dict)    # rows -> seconds of a verify without nodes (EMA)
-    curve: BandCurve | None = None  # a monotone curve per token band (cost_curve); None: the line alone
     pad: Callable[[int], int] | None = None  # tokens per row a step runs for n (CUDA graphs: its bucket)
 
     def run_tokens(self, per_row: int | np.ndarray) -> int | np.ndarray:
@@ -153,27 +147,10 @@ class CostModel(LineFit):
             return np.array([self.pad(int(n)) for n in per_row.ravel()], dtype=per_row.dtype).reshape(per_row.shape)
         return self.pad(int(per_row))
 
-    def observe(self, x: float, seconds: float) -> None:
-        super().observe(x, seconds)
-        if self.curve is not None:
-            self.curve.observe(x, seconds)
-
-    def verify_s(self, tokens: float | np.ndarray | torch.Tensor) -> float | np.ndarray | torch.Tensor:
-        """Seconds of verifying `tokens` tokens (a number or an array of them): the curve once two
-        token bands have been measured, else the line."""
-        if self.curve is not None and self.curve.bands >= 2:
-            slope = self.coefficients()[1]
-            if isinstance(tokens, np.ndarray):
-                return self.curve.at(torch.from_numpy(tokens), slope=slope).numpy()
-            return self.curve.at(tokens, slope=slope)
+    def verify_s(self, tokens: float | np.ndarray) -> float | np.ndarray:
+        """Seconds of verifying `tokens` tokens (a number or an array of them): the line. (A
+        monotone curve per token band ran within noise of it, 0.96-1.01x: removed, see git.)"""
         return self.at(tokens)
-
-    def describe_curve(self) -> str:
-        """The band curve as 'tokens:ms' points ('' where there is none yet)."""
-        if self.curve is None or self.curve.bands < 2:
-            return ""
-        x_K, y_K = self.curve.points()
-        return " ".join(f"{x:.0f}:{1e3 * y:.2f}" for x, y in zip(x_K.tolist(), y_K.tolist()))
 
     def observe_ar(self, rows: int, seconds: float, alpha: float = 0.2) -> None:
         """A verify of the roots alone (an AR step, or a tree truncated to no node)."""
@@ -406,8 +383,13 @@ class _Curves:
     curves, on the prior's calibration, kept a slowly learning plan on a 2-deep chain, 0.88x of the
     CPU tree). A proposer's nodes carry no score: its curves hold p's (one 'bucket' worth 1)."""
 
-    def __init__(self, budget: int, depth: int, alpha: float, depth_scaled: bool):
+    def __init__(self, budget: int, depth: int, alpha: float, depth_scaled: bool,
+                 prior_DM: np.ndarray | None = None, prior_weight: float = 0.0):
         self.budget, self.depth, self.alpha, self.depth_scaled = budget, depth, alpha, depth_scaled
+        # the drafter's own figures as V_d(N), d = 1..depth, N = 0..budget (`prior_curves`), worth
+        # prior_weight slot-trees against those learnt (None: the curves are what the trees taught)
+        self.prior_DM, self.prior_weight = prior_DM, prior_weight
+        self._rows = np.zeros((depth + 1, budget + 1))  # slot-trees that taught each V_d(N)
         self._gain: np.ndarray | None = None  # (depth + 1, budget + 1, K): V_d - V_{d-1} (V_0 = 0) per bucket, EMA
         self._known = 0  # depths 1.._known have a gain (a tree drafted to depth d measures 1..d)
         self._n = np.zeros((depth + 1, budget + 1))  # trees that taught each V_d(N)
@@ -461,6 +443,7 @@ class _Curves:
         n_DM = self._n[1: D + 1]
         taught_DM = (np.arange(M) < (M if narrowed is None else narrowed + 1)) | (n_DM == 0)
         n_DM += taught_DM
+        self._rows[1: D + 1] += taught_DM * x_AN.shape[0]
         a = 1 - (1 - self.alpha) ** learn_every  # one tree in learn_every: the same memory in steps
         a_DM1 = np.where(taught_DM, np.maximum(a, 1.0 / np.maximum(n_DM, 1)), 0.0)[..., None]
         self._gain[1: D + 1] += a_DM1 * (gain_DMK - self._gain[1: D + 1])
@@ -468,25 +451,52 @@ class _Curves:
         self._V_KMK = self._gain[1: self._known + 1].cumsum(0)
 
     def knows(self, d: int) -> bool:
-        """Whether depth d has a curve (a tree drafted at least that deep has taught it)."""
+        """Whether depth d has a learnt curve (a tree drafted at least that deep has taught it)."""
         return self._known >= d
 
+    def plannable(self) -> bool:
+        """Whether every depth has a curve to plan on: learnt, or the drafter's figures."""
+        return self.prior_DM is not None or self.knows(self.depth)
+
     def _weighed(self, worth_K: np.ndarray) -> np.ndarray:
-        """(_known, budget + 1) V_d(N), N = 0..budget, each bucket at `worth_K` (a proposer's p's as they are)."""
-        return self._V_KMK @ (worth_K if self._buckets else np.ones(1))
+        """(depth, budget + 1) V_d(N), N = 0..budget, each bucket at `worth_K` (a proposer's p's as
+        they are), blended with the prior (n learnt slot-trees against its weight W: (n V + W
+        V_prior) / (n + W)); NaN for a depth with neither."""
+        V_DM = np.full((self.depth, self.budget + 1), np.nan)
+        if self._V_KMK is not None:
+            V_DM[: self._known] = self._V_KMK @ (worth_K if self._buckets else np.ones(1))
+        if self.prior_DM is None:
+            return V_DM
+        n_DM, W = self._rows[1:], self.prior_weight
+        return np.where(np.isnan(V_DM), self.prior_DM, (n_DM * np.nan_to_num(V_DM) + W * self.prior_DM) / (n_DM + W))
 
     def V(self, worth_K: np.ndarray) -> np.ndarray | None:
         """(depth, budget): V_d(N), d = 1..depth, N = 1..budget (-1: no curve for that depth yet);
-        None before any tree."""
-        if self._V_KMK is None:
+        None before any tree and without a prior."""
+        if self._V_KMK is None and self.prior_DM is None:
             return None
-        return np.concatenate([self._weighed(worth_K)[:, 1:], np.full((self.depth - self._known, self.budget), -1.0)])
+        return np.nan_to_num(self._weighed(worth_K)[:, 1:], nan=-1.0)
 
     def value(self, worth_K: np.ndarray) -> list[list[float] | None]:
         """V_d(N), N = 0..budget, per d = 0..depth (None: d = 0 and depths with no curve yet)."""
-        if self._V_KMK is None:
+        if self._V_KMK is None and self.prior_DM is None:
             return [None] * (self.depth + 1)
-        return [None] + self._weighed(worth_K).tolist() + [None] * (self.depth - self._known)
+        return [None] + [None if np.isnan(row[0]) else row.tolist() for row in self._weighed(worth_K)]
+
+
+def prior_curves(top1_D, depth: int, budget: int) -> np.ndarray:
+    """(depth, budget + 1) V_d(N) from a drafter's top-1 agreement per draft step a_1, a_2, ...
+    (as training measured it; a_last again past the last measured step): the expected accepted
+    nodes of the top-1 chain within the first N nodes of a depth-d tree,
+        V_d(N) = sum_{k <= min(d, N)} prod_{i <= k} a_i,
+    a node of depth k accepted iff its whole path is. Every other node counts 0: a lower bound for
+    a wider tree (its other nodes only add), so the prior favours a chain until trees show more."""
+    a_D = np.asarray(list(top1_D)[:depth], dtype=np.float64)
+    a_D = np.concatenate([a_D, np.full(depth - len(a_D), a_D[-1])])
+    chain_D = np.cumsum(np.cumprod(np.clip(a_D, 0.0, 1.0)))  # accepted within a chain of d nodes
+    chain_K = np.concatenate([[0.0], chain_D])  # k = 0..depth
+    d_D1, n_1M = np.arange(1, depth + 1)[:, None], np.arange(budget + 1)[None]
+    return chain_K[np.minimum(d_D1, n_1M)]
 
 
 def _halvings(width: int) -> list[int]:
@@ -551,13 +561,29 @@ class GoodputPolicy:
     a shallow draft at a depth's share of a proposer's cost chose to draft where it did not pay.)
     An ordinary step bounds the proposer's draft at the N it planned (`draft_nodes`): measured on
     2 cores, Token Recycling building its whole 80-node template per slot every step to keep ~6
-    nodes cost 7.5% of the wall time at batch 2."""
+    nodes cost 7.5% of the wall time at batch 2.
+
+    `prior` (a trained drafter's top-1 agreement per draft step, saved with it: `FoveaDrafter.
+    acceptance`): every width class's value curves start from `prior_curves` of those figures, worth
+    `explore_rows` slot-trees against the trees that teach them - as much as the repeated first
+    explorations would have taught each entry, which then run once (the cost fit still needs every
+    shape once); and the figures count as `explore_rows` slot-trees of their chain's accepted nodes
+    towards `SETTLE_ACCEPTED`, so a drafter whose own figures say it cannot pay settles on AR once
+    the plan is AR and the learning budget is spent, without trees of its own. Without figures (an
+    untrained drafter, one saved before they were, a training-free proposer) the curves start from
+    nothing, as before: the first explorations teach them, within the floor's learning budget.
+
+    One policy may serve several engines in turn (`DecodeEngine(policy=...)`: a generate actor's
+    engines of one method and batch size share it, so its later shards start from what the first
+    ones learnt); `begin` drops what belonged to the last engine's step in flight, the stats add
+    up over all of them."""
 
     def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.03,
                  probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
-                 explore_share: float = 0.01, learn_every: int = 4, band_curve: bool = False,
+                 explore_share: float = 0.01, learn_every: int = 4,
                  ar_probe_every: int = 64, replan_every: int = 4, ar_probe_share: float = 0.0025,
-                 explore_rows: int = 6, learn_share: float = 0.02, learn_allowance: float = 4.0):
+                 explore_rows: int = 6, learn_share: float = 0.02, learn_allowance: float = 4.0,
+                 prior: tuple[float, ...] | None = None):
         # alpha: the value curves' forgetting per step (`_Curves.learn`). At 0.1 a curve rested on the
         # last ~10 steps' trees (at batch 2, ~20 slot-trees; a deep curve, taught by explorations
         # alone, on the last two or three of them) and the plan, an argmax over ~1,000 (class, depth,
@@ -570,11 +596,7 @@ class GoodputPolicy:
         # paired against the CPU tree, the grid's 24 prompts x 96 new tokens): 0.01 against 0.02 ran
         # +2.2% / +1.3% / +1.5% (EAGLE-2-style, batch 8 / 16 / 2), +0.7% (FOVEA, batch 4), +5.2%
         # (Token Recycling, batch 8); at 48 x 128, +3.3% (EAGLE-2-style, batch 8), +0.2% (FOVEA, batch 2).
-        # band_curve: verification seconds from `cost_curve.BandCurve` instead of the forgetting line
-        # alone - measured on 2 cores (2026-12-03, EAGLE-2-style, batch 1-16): it verified more nodes
-        # (8.1 against 7.0 per step at batch 2) but ran 0.90-0.99x as fast as the line; with the
-        # global scale (cost_curve) 0.96-1.01x at batch 1-8 - so it is off
-        self.cost = CostModel(curve=BandCurve() if band_curve else None)
+        self.cost = CostModel()
         self.acceptance = AcceptanceModel(max_nodes=0 if depth_scaled else budget)
         self.depth_scaled = depth_scaled
         self.budget, self.depth, self.alpha = budget, depth, alpha
@@ -587,7 +609,10 @@ class GoodputPolicy:
         # 1.91x AR where the policy drafting 6 wide reached 1.79x; at batch 16 a 3-deep chain 1.50x
         # where the policy, its narrowest class 3 wide, reached 1.24x)
         self.classes: list[int | None] = [None] if width is None else _halvings(width)
-        self.curves = [_Curves(budget, depth, alpha, depth_scaled) for _ in self.classes]
+        prior_DM = prior_curves(prior, depth, budget) if prior else None
+        self.curves = [_Curves(budget, depth, alpha, depth_scaled, prior_DM, explore_rows) for _ in self.classes]
+        # the figures' accepted nodes per slot-tree, as explore_rows slot-trees towards _hopeless
+        self._prior_trees = (explore_rows, explore_rows * prior_DM[-1, -1]) if prior_DM is not None else (0, 0.0)
         self._class = self._plan_class = len(self.classes) - 1  # this step's width class, the last plan's
         # explorations: (node count, width class) - the full tree, none, half and a quarter of the
         # budget at the full width, then the whole budget at each narrower width
@@ -644,6 +669,12 @@ class GoodputPolicy:
         # drafter on a random small-size LLaVA: 98-99% AR steps, 0.83-0.86x AR's speed at batch 4)
         self.settled, self._settled_ar_s = False, 0.0  # (an AR step's seconds when it settled; `_hopeless`)
 
+    def begin(self) -> None:
+        """A new engine takes this policy over: what the last one's step in flight left (its tree's
+        keys, a probe or an AR probe under way, the last plan) goes; what was learnt stays."""
+        self._step, self._probe, self._ar_left, self._prev_ar = None, False, 0, False
+        self._planned, self._seconds = None, (None, None)
+
     @property
     def value(self) -> list[list[float] | None]:
         """V_d(N) of the full-width trees."""
@@ -668,7 +699,7 @@ class GoodputPolicy:
             self.draft_width, self._probe, self.draft_nodes, self._drafted_nodes = self.width, False, None, 0
             self.depths.append(0)
             return 0
-        if self.steps == 0 and len(self.classes) > 1:
+        if self.steps == 0 and len(self.classes) > 1 and not self._prior_trees[0]:  # figures: one round
             self._initial = len(self.explore) * max(1, math.ceil(self.explore_rows / max(n_active, 1)))
         k = self._exploring()
         if k is not None and self.steps >= 2 and not self._may_learn(rows):  # (the first two calibrate the costs)
@@ -680,7 +711,7 @@ class GoodputPolicy:
         self.draft_width, self._probe, self._class = self.width, False, len(self.classes) - 1
         self.draft_nodes = None  # a proposer's draft bound (None: the whole budget)
         self._drafted_nodes = 0  # nodes per slot this step drafted (set by `choose`)
-        if not self.cost.ready or not self.curves[-1].knows(self.depth) or (
+        if not self.cost.ready or not self.curves[-1].plannable() or (
                 k is not None and (self.steps < self._initial or self.idle == 0)):
             d = self.depth
             if k is not None:  # an exploration at its width class
@@ -735,7 +766,8 @@ class GoodputPolicy:
         explorations (a large batch on a CPU) still probes later, as the learning budget allows."""
         if not self.pays_if_accepted(rows):
             return True
-        return self.tried_rows > 0 and self.accepted / self.tried_rows < self.SETTLE_ACCEPTED
+        rows_seen, accepted = self.tried_rows + self._prior_trees[0], self.accepted + self._prior_trees[1]
+        return rows_seen > 0 and accepted / rows_seen < self.SETTLE_ACCEPTED
 
     SETTLE_ACCEPTED = 0.5  # accepted nodes per slot-tree below which a drafter is past hope (trained: ~3)
 
@@ -954,6 +986,5 @@ class GoodputPolicy:
                 "ar_steps": self.depths.count(0), "explorations": self.explorations, "probes": self.probes,
                 "learning_loss_s": self.learn_loss, "ar_equivalent_s": self.ar_time,
                 "verify_ms_intercept": 1e3 * a, "verify_ms_per_token": 1e3 * b,  # the current line
-                "verify_curve": self.cost.describe_curve(),
                 "draft_ms_per_depth": 1e3 * self.cost.draft_per_depth,
                 "commit_extra_ms": 1e3 * self.cost.commit_extra(), "step_overhead_ms": 1e3 * self.cost.overhead_s()}

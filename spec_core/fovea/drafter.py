@@ -28,7 +28,7 @@ from spec_core.fovea.config import FoveaConfig
 from spec_core.fovea.correction import Correction, VisualCorrection, VisualMemory
 from spec_core.fovea.visual_context import QueryCompressor, gather_ranks, image_slots
 from spec_core.targets.base import additive_mask
-from spec_core.targets.saved import load_state, read_meta, save_module
+from spec_core.targets.saved import load_state, read_acceptance, read_meta, save_acceptance, save_module
 
 FORMAT = "fovea-drafter/1"
 
@@ -50,6 +50,9 @@ class FoveaDrafter(nn.Module):
     def __init__(self, cfg: FoveaConfig, text_config, target: dict | None = None):
         super().__init__()
         self.cfg, self.target, self.text_config = cfg, dict(target or {}), text_config
+        # top-1 agreement per draft step measured in training (None: untrained), saved with the
+        # weights: the goodput policy's prior (`spec_core.decoding.goodput`)
+        self.acceptance: tuple[float, ...] | None = None
         block_config = copy.deepcopy(text_config)
         block_config.num_hidden_layers = cfg.n_blocks
         block_config._attn_implementation = "sdpa"  # explicit 4-D masks (causal, unrolled, tree)
@@ -90,9 +93,11 @@ class FoveaDrafter(nn.Module):
 
     def save_pretrained(self, directory: str | Path) -> None:
         """config.json + model.safetensors, self-contained: the frozen embedding and LM head
-        copies are saved too, so a drafter loads without its target."""
+        copies are saved too, so a drafter loads without its target; acceptance.json with its
+        `acceptance` figures where it has them."""
         save_module(self, directory, FORMAT, {"fovea": dataclasses.asdict(self.cfg), "target": self.target,
                                               "text_config": self.text_config.to_dict()})
+        save_acceptance(directory, self.acceptance)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, target_model=None) -> FoveaDrafter:
@@ -100,6 +105,7 @@ class FoveaDrafter(nn.Module):
         check that it is a target of the sizes the drafter was trained for."""
         meta = read_meta(directory, FORMAT, "FOVEA drafter", target_model)
         drafter = cls(FoveaConfig(**meta["fovea"]), _text_config_from_dict(meta["text_config"]), meta["target"])
+        drafter.acceptance = read_acceptance(directory)
         return load_state(drafter, directory, "fc.weight")
 
     # --- forward pieces --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from spec_core.targets.saved import load_state, read_meta, save_module
+from spec_core.targets.saved import load_state, read_acceptance, read_meta, save_acceptance, save_module
 
 FORMAT = "medusa-heads/1"
 
@@ -45,6 +45,7 @@ class MedusaHeads(nn.Module):
     def __init__(self, cfg: MedusaConfig, hidden: int, vocab: int, target: dict | None = None):
         super().__init__()
         self.cfg, self.target = cfg, dict(target or {})
+        self.acceptance: tuple[float, ...] | None = None  # top-1 per head in training (None: untrained)
         self.blocks = nn.ModuleList(nn.Sequential(*(ResBlock(hidden) for _ in range(cfg.num_layers)))
                                     for _ in range(cfg.num_heads))
         self.heads = nn.ModuleList(nn.Linear(hidden, vocab, bias=False) for _ in range(cfg.num_heads))
@@ -73,13 +74,15 @@ class MedusaHeads(nn.Module):
 
     def save_pretrained(self, directory: str | Path) -> None:
         save_module(self, directory, FORMAT, {"medusa": dataclasses.asdict(self.cfg), "target": self.target})
+        save_acceptance(directory, self.acceptance)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, target_model=None) -> MedusaHeads:
         meta = read_meta(directory, FORMAT, "Medusa heads", target_model)
         t = meta["target"]
-        return load_state(cls(MedusaConfig(**meta["medusa"]), t["hidden_size"], t["vocab_size"], t),
-                          directory, "lm_head.weight")
+        heads = cls(MedusaConfig(**meta["medusa"]), t["hidden_size"], t["vocab_size"], t)
+        heads.acceptance = read_acceptance(directory)
+        return load_state(heads, directory, "lm_head.weight")
 
     def forward(self, hidden_SD: torch.Tensor) -> torch.Tensor:
         """(..., D) target LM-head inputs -> (..., K, V) logits of the K heads."""

@@ -1,11 +1,14 @@
 """Self-contained model directories of modules trained for a target (drafters, Medusa heads):
-config.json (format tag, the module's own config, the target's identity) + model.safetensors.
+config.json (format tag, the module's own config, the target's identity) + model.safetensors,
+and where training measured them acceptance.json: the drafter's top-1 agreement with the target
+per draft step (`save_acceptance`; the goodput policy's prior, `spec_core.decoding.goodput`).
 Loading never unpickles, and checks the target's sizes when a target is given.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from safetensors.torch import load_file, save_file
@@ -19,6 +22,32 @@ def save_module(module: nn.Module, directory: str | Path, fmt: str, meta: dict) 
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": fmt})
     (out / "config.json").write_text(json.dumps({"format": fmt, **meta}, indent=2, default=str))
+
+
+ACCEPTANCE = "acceptance.json"
+
+
+def save_acceptance(directory: str | Path, top1_D: Sequence[float] | None) -> None:
+    """Write a drafter's top-1 agreement per draft step (depth 1, 2, ...) as measured in training;
+    none where there are none (an untrained drafter: an earlier save's figures go too)."""
+    path = Path(directory) / ACCEPTANCE
+    if not top1_D:
+        path.unlink(missing_ok=True)
+        return
+    figures = [float(a) for a in top1_D]
+    if not all(0.0 <= a <= 1.0 for a in figures):
+        raise ValueError(f"top-1 agreement must lie in [0, 1], got {figures}")
+    path.write_text(json.dumps({"top1_per_depth": figures}, indent=2))
+
+
+def read_acceptance(directory: str | Path) -> tuple[float, ...] | None:
+    """A saved drafter's top-1 agreement per draft step (None: the directory has none, as every
+    directory saved before the figures were, or an untrained drafter's)."""
+    path = Path(directory) / ACCEPTANCE
+    if not path.exists():
+        return None
+    figures = json.loads(path.read_text()).get("top1_per_depth") or None
+    return None if figures is None else tuple(float(a) for a in figures)
 
 
 def saved_format(directory: str | Path) -> str | None:

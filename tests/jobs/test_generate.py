@@ -385,3 +385,29 @@ def test_turns_beyond_the_position_table_are_rejected_and_the_rest_decoded(world
     decoded = {(r["id"], r["method"], r["turn"]) for r in metrics}
     assert decoded == {(r["id"], meth, 0) for meth in methods for r in (multi, *short)}
     assert all(r["prompt_tokens"] + MAX_NEW <= limit for r in metrics)
+
+
+def test_a_goodput_policy_lives_as_long_as_the_actor_and_reports_per_shard(world, tmp_path):
+    """The worker (no Ray: the actor's class itself) keeps one goodput policy per (method, batch
+    size) across its shards and across an engine rebuilt after a failure; each shard's record
+    holds its own share of the policy's counts, which add up to the policy's."""
+    from jobs._generate.worker import GenerateWorker, MethodPlan
+    from jobs.lib.storage import StorageConfig
+
+    root, _ = world
+    plans = [MethodPlan("ar", None), MethodPlan("fovea", str(root / "drafter"), budget=8, policy="goodput")]
+    worker = GenerateWorker(str(root / "target"), {}, plans, StorageConfig(), str(tmp_path / "shards"),
+                            max_length=200, max_new_tokens=8, batch_sizes=(1, 2))
+    manifest = str(root / "eval" / "ref.parquet")
+    first = worker({"shard": 0, "manifest": manifest, "rows": [0, 1]})
+    policies = dict(worker.policies)
+    assert set(policies) == {("fovea", 1), ("fovea", 2)}
+    del worker.engines[("fovea", 1)]  # as after a failed request: a fresh engine, the same policy
+    second = worker({"shard": 1, "manifest": manifest, "rows": [2, 3]})
+    assert worker.policies == policies and worker.engines[("fovea", 1)].policy is policies[("fovea", 1)]
+    for batch in ("1", "2"):
+        per_shard = [r["throughput"]["fovea"][batch]["policy"] for r in (first, second)]
+        total = policies[("fovea", int(batch))].stats()
+        assert all(p["steps"] > 0 for p in per_shard)
+        for key in ("steps", "ar_steps", "explorations", "probes", "nodes"):
+            assert sum(p[key] for p in per_shard) == total[key], (batch, key)

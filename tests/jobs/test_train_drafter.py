@@ -100,6 +100,17 @@ def test_plan_counts_updates_per_epoch():
         plan_steps(7, 2, 2, 2, 1, None, None)
 
 
+def test_a_drafter_carries_the_top1_per_draft_step_of_its_last_records():
+    """The figures saved with a drafter (the goodput policy's prior): the step log's top-1 per
+    draft step over its last 10% of records, up to the first step never supervised."""
+    from jobs._train_drafter.loop import acceptance_figures
+
+    history = [{"step": i, "loss": 1.0, "top1": [0.1 * i, 0.05 * i, None], "seconds": 1.0, "tokens": 1,
+                "updates": 1, "k_read": [1, 1, None]} for i in range(1, 11)]
+    assert acceptance_figures(history) == [1.0, 0.5]  # the last record of ten
+    assert acceptance_figures([{**history[0], "top1": [None, None, None]}]) is None
+
+
 def test_no_warmup_starts_at_the_peak_rate():
     """train.warmup_steps 0 builds a schedule DeepSpeed accepts (it divides by the warmup steps),
     and its first update already runs at the peak learning rate."""
@@ -188,6 +199,7 @@ def test_the_other_drafter_kinds_learn_and_load(world, tmp_path, drafter):
     assert len(f["top1_per_depth"]) == cfg.drafter.steps_logged
     adapter = load_target(world[0])
     model = load_drafter(run / "drafter", adapter)
+    assert model.acceptance == tuple(f["top1_per_depth"])  # saved with it: the goodput policy's prior
     if drafter.get("kind") == "medusa":
         assert isinstance(model, MedusaHeads) and model.cfg.num_heads == 2
         assert set(f["final_terms"]) == {"ce"}

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from spec_core.decoding.goodput import (AcceptanceModel, CostModel, GoodputPolicy, LineFit, choose_nodes, could_pay,
-                                       step_seconds)
+from spec_core.decoding.goodput import (AcceptanceModel, CostModel, GoodputPolicy, LineFit, _host, choose_nodes,
+                                       could_pay, prior_curves, step_seconds)
+from spec_core.targets.saved import save_acceptance
 
 
 def _cost(a: float, b: float) -> CostModel:
@@ -733,6 +734,8 @@ def test_the_first_explorations_give_each_entry_explore_rows_slot_trees(slots, r
 
     pol = GoodputPolicy(budget=6, depth=3, width=6)
     assert explored(pol, slots) == list(range(len(pol.explore))) * rounds
+    figures = GoodputPolicy(budget=6, depth=3, width=6, prior=(0.8, 0.6, 0.5))  # a drafter's own: once
+    assert explored(figures, slots) == list(range(len(figures.explore)))
     proposer = GoodputPolicy(budget=6, depth=3, depth_scaled=False)
     assert explored(proposer, slots) == list(range(len(proposer.explore)))
 
@@ -841,3 +844,124 @@ def test_only_a_drafter_past_hope_is_settled_on_ar(accepted, settles):
     assert [pol.plan(1, 1) for _ in range(50)] == [0] * 50 and pol.settled == settles
     pol.ar_time = 1e6  # AR's seconds so far: the budget's share covers the loss again
     assert settles or any(pol.plan(1, 1) for _ in range(200))
+
+
+def test_prior_curves_are_the_top1_chains_expected_accepted_nodes():
+    """V_d(N) from top-1 agreement a_1, a_2 (a_2 again past it): the accepted nodes of the first
+    min(d, N) chain nodes, each accepted with the product of the a's along its path."""
+    a = (0.8, 0.5)
+    V = prior_curves(a, depth=3, budget=5)
+    chain = [0.0, 0.8, 0.8 + 0.8 * 0.5, 0.8 + 0.8 * 0.5 + 0.8 * 0.5 * 0.5]
+    for d in (1, 2, 3):
+        assert V[d - 1].tolist() == pytest.approx([chain[min(d, n)] for n in range(6)])
+
+
+def test_a_drafter_with_figures_plans_on_them_after_one_round_of_explorations():
+    """With its figures the policy's curves start at `prior_curves` (every depth plannable before
+    any tree), worth explore_rows slot-trees against the trees learnt; the first explorations run
+    once, not explore_rows / slots times over; a learnt tree moves the curve by its share."""
+    a = (0.9, 0.8, 0.7)
+    pol = GoodputPolicy(budget=6, depth=3, width=6, prior=a)
+    prior = prior_curves(a, 3, 6)
+    assert pol.value == [None, *prior.tolist()] and pol.curves[0].plannable()
+    pol.plan(1, 1)
+    assert pol._initial == len(pol.explore)  # batch 1 without figures: 6 rounds
+    flat = GoodputPolicy(budget=6, depth=3, width=6)
+    flat.plan(1, 1)
+    assert flat._initial == 6 * len(flat.explore) and flat.value == [None] * 4 and not flat.curves[0].plannable()
+    full = pol.curves[-1]
+    tree = _confident_tree()
+    full.learn(np.full((1, 6), 0.5), _host(tree.depth_BN), np.array([True]), 3)  # one slot-tree of p's 0.5
+    learnt = np.cumsum(np.concatenate([[0.0], np.full(6, 0.5)]))
+    W = pol.explore_rows
+    assert full.value(np.ones(1))[3] == pytest.approx(((learnt + W * prior[2]) / (1 + W)).tolist())
+
+
+@pytest.mark.parametrize("prior", [None, (0.02, 0.01, 0.01)])
+def test_a_drafter_whose_figures_say_it_cannot_pay_settles_on_ar_no_later(prior):
+    """A drafter whose own figures say it is hopeless (top-1 ~2%) runs one round of explorations
+    and settles on AR; without figures it learns the same from its trees: settled too, after at
+    least as many learning steps."""
+    verify = lambda t: 0.01 + 0.002 * t  # noqa: E731
+    pol = GoodputPolicy(budget=6, depth=3, width=6, prior=prior)
+    _simulate(pol, 600, verify, 0.0001, accepted=False)
+    assert pol.settled and pol.depths[-100:] == [0] * 100
+    flat = GoodputPolicy(budget=6, depth=3, width=6)
+    _simulate(flat, 600, verify, 0.0001, accepted=False)
+    assert flat.settled and pol.explorations + pol.probes <= flat.explorations + flat.probes
+
+
+def test_a_saved_drafters_figures_are_its_policys_prior_and_old_directories_load(tiny_world, tmp_path):
+    """A drafter saved with its top-1 figures (acceptance.json) loads with them, and an engine's
+    goodput policy starts from them; one saved without (untrained, or saved before figures were)
+    loads as before and its policy starts from nothing. Medusa heads carry theirs too."""
+    from spec_core.decoding import DecodeEngine, TreeConfig, load_drafter
+    from spec_core.medusa import MedusaConfig, MedusaHeads
+    from spec_core.targets.saved import ACCEPTANCE
+
+    adapter, _, drafter, _, _ = tiny_world
+    tree = TreeConfig(3, 3, 8, policy="goodput")
+    drafter.acceptance = (0.9, 0.7)
+    try:
+        drafter.save_pretrained(tmp_path / "with")
+    finally:
+        drafter.acceptance = None
+    drafter.save_pretrained(tmp_path / "without")
+    assert (tmp_path / "with" / ACCEPTANCE).exists() and not (tmp_path / "without" / ACCEPTANCE).exists()
+    loaded = load_drafter(tmp_path / "with", adapter)
+    assert loaded.acceptance == (0.9, 0.7)
+    pol = DecodeEngine(adapter, loaded, capacity=256, tree=tree).policy
+    assert pol.value == [None, *prior_curves((0.9, 0.7), 3, 8).tolist()]
+    old = load_drafter(tmp_path / "without", adapter)
+    assert old.acceptance is None and torch.equal(old.fc.weight, drafter.fc.weight)
+    assert DecodeEngine(adapter, old, capacity=256, tree=tree).policy.value == [None] * 4
+    text = adapter.text_config
+    heads = MedusaHeads(MedusaConfig(num_heads=2), text.hidden_size, text.vocab_size,
+                        {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size})
+    heads.acceptance = (0.6, 0.3)
+    heads.save_pretrained(tmp_path / "medusa")
+    assert load_drafter(tmp_path / "medusa", adapter).acceptance == (0.6, 0.3)
+    heads.acceptance = None  # saved again without figures: the old ones go
+    heads.save_pretrained(tmp_path / "medusa")
+    assert load_drafter(tmp_path / "medusa", adapter).acceptance is None
+    with pytest.raises(ValueError, match="top-1"):
+        save_acceptance(tmp_path / "bad", (1.5,))
+
+
+def test_engines_that_share_a_policy_start_from_what_the_first_learnt(tiny_world):
+    """A second engine handed the first one's policy (a generate actor's next shard) continues
+    it: no first explorations again, only the re-explorations due; and a policy that settled on
+    AR stays settled - the next engine never prefills the drafter. Outputs stay AR's token for
+    token; a policy of another tree is refused."""
+    from spec_core.decoding import DecodeEngine, Request, TreeConfig
+    from tests.spec_core.decoding.conftest import prompt_inputs
+
+    adapter, processor, drafter, evals, _ = tiny_world
+    reqs = [Request(prompt_inputs(processor, s), 12, s["id"]) for s in evals]
+    ar = {r.key: r.sequences[0].tolist() for r in DecodeEngine(adapter, batch_size=2, capacity=512).generate(reqs)}
+    tree = TreeConfig(3, 3, 8, policy="goodput")
+    first = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=tree)
+    pol = first.policy
+    pol.pays_if_accepted = lambda rows: True  # learning may run, whatever this machine's timings
+    pol.learn_allowance = 1e9
+    assert {r.key: r.sequences[0].tolist() for r in first.generate(reqs)} == ar
+    learnt = pol.stats()
+    assert pol.steps >= pol._initial == 3 * len(pol.explore) <= learnt["explorations"]  # the flat start
+    second = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=tree, policy=pol)
+    assert second.policy is pol
+    assert {r.key: r.sequences[0].tolist() for r in second.generate(reqs)} == ar
+    steps = pol.steps - learnt["steps"]
+    assert steps > pol.reexplore and pol.explorations - learnt["explorations"] <= 1 + steps // pol.reexplore
+
+    pol.pays_if_accepted = lambda rows: False  # now nothing can pay: the plan settles on AR
+    pol._best_plan = lambda n_active, rows: (0, 0)
+    list(second.generate(reqs[:2]))
+    assert pol.settled
+    third = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=tree, policy=pol)
+    prefilled = []
+    prefill = third._drafter_prefill
+    third._drafter_prefill = lambda *a: (prefilled.append(1), prefill(*a))[1]
+    assert {r.key: r.sequences[0].tolist() for r in third.generate(reqs)} == ar and prefilled == []
+    with pytest.raises(ValueError, match="cannot serve"):
+        DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=TreeConfig(3, 3, 12, policy="goodput"),
+                     policy=pol)
