@@ -103,3 +103,24 @@ def test_the_hires_world_shares_each_image_among_the_six_tasks(tmp_path, ray_loc
     assert len(rows) == 18 and len({r["image_sha256"] for r in rows}) == 3
     row = next(r for r in rows if r["id"] == "train-chart_vqa-000002")
     assert row == hires.make_sample(2, "chart_vqa", 0, "train")
+
+
+def test_an_output_location_that_refuses_writes_is_one_line_and_exit_1(tmp_path):
+    """A read-only output directory (for root, who writes anywhere a mode allows: sysfs, which
+    refuses new files to everyone) stops the job in one line naming the path, exit 1, before Ray."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from tests.conftest import REPO
+
+    if os.geteuid() == 0:
+        out = f"/sys/kernel/spec-{uuid.uuid4().hex[:8]}"
+    else:
+        (tmp_path / "ro").mkdir(mode=0o500)
+        out = str(tmp_path / "ro" / "out")
+    r = subprocess.run([sys.executable, "jobs/synth_data.py", "--set", f"run.output_uri={out}",
+                        "--set", "data.per_task={train: 1}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert r.stderr.startswith("synth_data: PermissionError: ") and out in r.stderr, r.stderr
