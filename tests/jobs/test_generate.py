@@ -393,9 +393,11 @@ def test_a_goodput_policy_lives_as_long_as_the_actor_and_reports_per_shard(world
     holds its own share of the policy's counts, which add up to the policy's."""
     from jobs._generate.worker import GenerateWorker, MethodPlan
     from jobs.lib.storage import StorageConfig
+    from spec_core.decoding.tree import TreeConfig
 
     root, _ = world
-    plans = [MethodPlan("ar", None), MethodPlan("fovea", str(root / "drafter"), budget=8, policy="goodput")]
+    plans = [MethodPlan("ar", None),
+             MethodPlan("fovea", str(root / "drafter"), tree=TreeConfig(budget=8, policy="goodput"))]
     worker = GenerateWorker(str(root / "target"), {}, plans, StorageConfig(), str(tmp_path / "shards"),
                             max_length=200, max_new_tokens=8, batch_sizes=(1, 2))
     manifest = str(root / "eval" / "ref.parquet")
