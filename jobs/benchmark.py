@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python jobs/x.p
 
 from pydantic import Field, model_validator  # noqa: E402
 
-from jobs.generate import ComputeSection, DataSection, GenerateConfig, MethodSection  # noqa: E402
-from jobs.generate import main as generate_main  # noqa: E402
+from jobs._generate.job import ComputeSection, DataSection, GenerateConfig, MethodSection  # noqa: E402
+from jobs._generate.job import main as generate_main  # noqa: E402
 from jobs.lib.job import JobConfig, LoadedTargetSection, RunSection, run_job  # noqa: E402
 from jobs.lib.metrics import RunRecorder  # noqa: E402
 from jobs.lib.run_key import open_run  # noqa: E402

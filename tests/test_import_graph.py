@@ -5,9 +5,9 @@ import only along the intended arrows, from the models up to the jobs:
     sampling, targets  <-  fovea  <-  medusa  <-  decoding  <-  scd
     reference -> targets, sampling (never scd or decoding)  <-  scd's adapter of it
     jobs/lib -> spec_core;  a job's room jobs/_<name>/ -> jobs/lib, spec_core;
-    jobs/<name>.py -> its room, jobs/lib, spec_core (no job imports another job's entry or room,
-    but for the benchmark, a grid of generate runs: generate's config and main; jobs/lib never
-    imports a job, and every module of jobs/lib serves two or more jobs)
+    jobs/<name>.py -> its room, jobs/lib, spec_core (no job imports another job's entry; the
+    benchmark, a grid of generate runs, shares generate's room and its config and run there;
+    jobs/lib never imports a job, and every module of jobs/lib serves two or more jobs)
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ for _job, _room in ROOMS.items():
     ARROWS[f"jobs.{_job}"] = {"jobs.lib", "spec_core"} | ({f"jobs.{_room}"} if _room else set())
     if _room:
         ARROWS[f"jobs.{_room}"] = {"jobs.lib", "spec_core"}
-ARROWS["jobs.benchmark"].add("jobs.generate")  # its settings are GenerateConfigs, run by generate's main
 
 
 def modules(root: Path, packages=("spec_core", "jobs")) -> dict[str, Path]:

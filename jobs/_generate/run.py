@@ -1,4 +1,4 @@
-"""The generate job's shards and report (its config and main: jobs/generate.py; also run by
+"""The generate job's shards and report (its config and main: jobs/_generate/job.py; also run by
 jobs/benchmark.py, whose settings are generate runs over the method zoo): the manifest's files,
 their deterministic shards, and the committed shards aggregated into metrics.json and report.md."""
 

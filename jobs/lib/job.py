@@ -119,12 +119,12 @@ class JobConfig(Strict):
 def job_entry(job: str):
     """(config class, main) of `jobs/<job>.py`, imported by package name (so that Ray workers
     unpickle its config classes by reference, not as `__main__`): the JobConfig subclass it
-    defines and its main()."""
+    defines, else the one it imports from the room it shares with another job, and its main()."""
     import importlib
 
     module = importlib.import_module(f"jobs.{job}")
-    (cls,) = {v for v in vars(module).values() if isinstance(v, type) and issubclass(v, JobConfig)
-              and v.__module__ == module.__name__}
+    found = {v for v in vars(module).values() if isinstance(v, type) and issubclass(v, JobConfig) and v is not JobConfig}
+    (cls,) = {v for v in found if v.__module__ == module.__name__} or found
     return cls, module.main
 
 

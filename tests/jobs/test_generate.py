@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from transformers import AutoProcessor
 
-from jobs.generate import GenerateConfig, MethodSection, main
+from jobs._generate.job import GenerateConfig, MethodSection, main
 from jobs.lib.artifact_store import committed_shards, marker_uri
 from jobs.lib.config import ConfigError, load_config
 from jobs.lib.storage import Storage

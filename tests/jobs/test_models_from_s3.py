@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from jobs.generate import GenerateConfig
-from jobs.generate import main as generate
+from jobs._generate.job import GenerateConfig
+from jobs._generate.job import main as generate
 from jobs.lib.artifact_store import read_kind
 from jobs.lib.model_cache import MARKER, listing, listing_key, model_identity
 from jobs.lib.storage import Storage, join

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.generate import GenerateConfig
-from jobs.generate import main as generate
+from jobs._generate.job import GenerateConfig
+from jobs._generate.job import main as generate
 from jobs.lib.artifact_store import committed_shards, read_kind
 from jobs.lib.run_key import RunMismatch
 from jobs.lib.storage import Storage
