@@ -31,7 +31,7 @@ untouched: any tree is verified by the target's own rule; only the tree's size c
 - The floor (`GoodputPolicy._may_learn`): learning steps - explorations, probes - cost time AR
   would not have spent. They run only while what they lost to AR so far is within `learn_share` of
   AR's seconds for every token committed so far, plus `learn_allowance` AR steps per engine, and
-  only while some draft could beat AR were every node accepted (`pays_if_accepted`): a drafter
+  only while some plan could beat AR at the acceptance still to be revealed (`may_pay`): a drafter
   that cannot pay settles on AR at that cost, one that pays is never held (its learning gains).
 
 Shapes: B slots, N draft nodes.
@@ -55,6 +55,12 @@ _LOG_EDGES = np.log(np.arange(1, _BUCKETS) / _BUCKETS)  # a log-probability's bu
 # the matmuls and the cache just before): measured on it, AR looked 10-15% dearer than it runs,
 # and at batch 8 the plan drafted one node per step, 4-5% slower than AR.
 _AR_PROBE_STEPS = 2
+# A policy's first steps calibrate its costs as cheaply as a draft can: a one-node chain (one draft
+# depth at the narrowest width, verified) and an AR step, so that the draft, the verification at 1
+# and 2 tokens per slot, the commit's extra and what every step pays are measured before any
+# costlier learning is weighed. A full tree first (as the first explorations were) cost ~5 AR steps
+# where the drafter costs what the target does, and ~5% of a 72-step run at batch 16.
+CALIBRATE = 2
 
 
 def _host(x) -> np.ndarray:
@@ -477,6 +483,21 @@ class _Curves:
             return None
         return np.nan_to_num(self._weighed(worth_K)[:, 1:], nan=-1.0)
 
+    def V_upper(self, worth_K: np.ndarray, z: float) -> np.ndarray:
+        """(depth, budget): an upper confidence bound on V_d(N) - what the acceptance still to be
+        revealed could make it: V + z x cap / sqrt(n), at most cap = min(d, N) (every node of the
+        path accepted), where n is the slot-trees behind the value (the drafter's figures count as
+        their weight); cap itself where nothing is known. (Hoeffding: a slot-tree's yield lies in
+        [0, cap]; z = 1.22 is its one-sided 95% bound.)"""
+        d_D1, n_1N = np.arange(1, self.depth + 1)[:, None], np.arange(1, self.budget + 1)[None]
+        cap_DN = np.minimum(d_D1, n_1N).astype(np.float64)
+        if self._V_KMK is None and self.prior_DM is None:
+            return cap_DN
+        V_DN = self._weighed(worth_K)[:, 1:]
+        n_DN = self._rows[1:, 1:] + (self.prior_weight if self.prior_DM is not None else 0.0)
+        upper_DN = np.minimum(cap_DN, np.nan_to_num(V_DN) + z * cap_DN / np.sqrt(np.maximum(n_DN, 1.0)))
+        return np.where(np.isnan(V_DN), cap_DN, upper_DN)
+
     def value(self, worth_K: np.ndarray) -> list[list[float] | None]:
         """V_d(N), N = 0..budget, per d = 0..depth (None: d = 0 and depths with no curve yet)."""
         if self._V_KMK is None and self.prior_DM is None:
@@ -531,9 +552,10 @@ class GoodputPolicy:
     depth costs more than the few nodes a wider draft adds are worth (a CPU at batch 1; a confident
     drafter at batch 16, whose best few nodes are one chain), the narrower class wins.
 
-    The first steps explore (the full tree, none, half and a quarter of the budget, then the full
-    budget at each narrower width class; with several width classes, the list over again until
-    each entry has taught `explore_rows` slot-trees) so that the
+    The first two steps calibrate the costs cheaply (`CALIBRATE`: a one-node chain, an AR step);
+    then, while learning may run, the steps explore (the full tree, half and a quarter of the
+    budget, then the full budget at each narrower width class; with several width classes, the
+    list over again until each entry has taught `explore_rows` slot-trees) so that the
     cost fit sees several token counts at this batch size and context - its calibration on the
     running hardware; then one such step, drafted at full depth, keeps the fit and the value curves
     current: `reexplore` steps after the last one, or later where an exploration cost more than
@@ -583,7 +605,7 @@ class GoodputPolicy:
                  explore_share: float = 0.01, learn_every: int = 4,
                  ar_probe_every: int = 64, replan_every: int = 4, ar_probe_share: float = 0.0025,
                  explore_rows: int = 6, learn_share: float = 0.02, learn_allowance: float = 4.0,
-                 prior: tuple[float, ...] | None = None):
+                 optimism: float = 1.22, prior: tuple[float, ...] | None = None):
         # alpha: the value curves' forgetting per step (`_Curves.learn`). At 0.1 a curve rested on the
         # last ~10 steps' trees (at batch 2, ~20 slot-trees; a deep curve, taught by explorations
         # alone, on the last two or three of them) and the plan, an argmax over ~1,000 (class, depth,
@@ -614,10 +636,10 @@ class GoodputPolicy:
         # the figures' accepted nodes per slot-tree, as explore_rows slot-trees towards _hopeless
         self._prior_trees = (explore_rows, explore_rows * prior_DM[-1, -1]) if prior_DM is not None else (0, 0.0)
         self._class = self._plan_class = len(self.classes) - 1  # this step's width class, the last plan's
-        # explorations: (node count, width class) - the full tree, none, half and a quarter of the
-        # budget at the full width, then the whole budget at each narrower width
+        # explorations: (node count, width class) - the full tree, half and a quarter of the budget
+        # at the full width, then the whole budget at each narrower width
         full = len(self.classes) - 1
-        self.explore = [(budget, full), (0, full), (max(1, budget // 2), full), (max(1, budget // 4), full)] + [
+        self.explore = [(budget, full), (max(1, budget // 2), full), (max(1, budget // 4), full)] + [
             (budget, c) for c in range(full)]
         # the first steps explore the list as many times over as give each entry `explore_rows`
         # slot-trees (rounds fixed at the first plan, by its active slots): a width class's curves
@@ -626,7 +648,7 @@ class GoodputPolicy:
         # runs): one tree each 0.89-0.97x the fixed CPU tree, three each 0.94-1.01x (+4-5% a run);
         # at batch 1, six rounds +6%; at batch 16 one round (16 slots) as good. One width class: once.
         self.explore_rows = explore_rows
-        self._initial = len(self.explore)  # steps of the first explorations (set at the first plan)
+        self._initial = CALIBRATE + len(self.explore)  # steps of calibration and first explorations (set at the first plan)
         self.reexplore, self.max_pause, self.probe_share = reexplore, max_pause, probe_share
         self.explore_share, self.learn_every = explore_share, learn_every
         self.rate: float | None = None  # the planned step's expected tokens per second per active slot
@@ -660,6 +682,12 @@ class GoodputPolicy:
         # learn_allowance AR steps per engine - so a drafter that cannot pay costs at most about that
         # share once the allowance is spent, and one that pays (its learning steps beat AR) is never held
         self.learn_share, self.learn_allowance = learn_share, learn_allowance
+        # optimism: how far above its learnt value learning may still find a plan's (`may_pay`), in
+        # a slot-tree's yield range per 1 / sqrt(slot-trees seen) - Hoeffding's one-sided 95% bound.
+        # A drafter whose figures say its chain accepts ~0.37 per step (the QUICK demo's) and whose
+        # draft costs 0.66 of a target step can then not pay at any depth and learns nothing; one
+        # never measured (no figures, no trees) is weighed at full acceptance, as before.
+        self.optimism = optimism
         self.ar_time = 0.0     # seconds AR would have taken for the tokens committed so far
         self.learn_loss = 0.0  # seconds the learning steps took beyond AR's for their tokens (< 0: they gained)
         self.explorations, self.probes = 0, 0  # learning steps run
@@ -689,8 +717,10 @@ class GoodputPolicy:
         """This step's exploration index, or None."""
         if self.settled:
             return None
+        if self.steps < CALIBRATE:
+            return None
         if self.steps < self._initial:
-            return self.steps % len(self.explore)
+            return (self.steps - CALIBRATE) % len(self.explore)
         return self._due
 
     def plan(self, n_active: int, rows: int) -> int:
@@ -699,10 +729,18 @@ class GoodputPolicy:
             self.draft_width, self._probe, self.draft_nodes, self._drafted_nodes = self.width, False, None, 0
             self.depths.append(0)
             return 0
-        if self.steps == 0 and len(self.classes) > 1 and not self._prior_trees[0]:  # figures: one round
-            self._initial = len(self.explore) * max(1, math.ceil(self.explore_rows / max(n_active, 1)))
+        if self.steps == CALIBRATE and len(self.classes) > 1 and not self._prior_trees[0]:  # figures: one round
+            self._initial = CALIBRATE + len(self.explore) * max(1, math.ceil(self.explore_rows / max(n_active, 1)))
+        if self.steps < CALIBRATE:  # a one-node chain, then an AR step: every cost term measured, cheaply
+            self.draft_width, self._probe, self._class = self.classes[0], False, 0
+            self.draft_nodes, self._drafted_nodes = (1 if not self.depth_scaled else None), 0
+            d = 1 if self.steps == 0 else 0
+            self.depths.append(d)
+            if d and self.draft_width is not None:
+                self.widths.append(self.draft_width)
+            return d
         k = self._exploring()
-        if k is not None and self.steps >= 2 and not self._may_learn(rows):  # (the first two calibrate the costs)
+        if k is not None and not self._may_learn(rows, *self.explore[k % len(self.explore)]):
             self._initial = min(self._initial, self.steps)  # the first explorations end here,
             self._due, self._next_explore = None, self.steps + self.reexplore  # a re-exploration waits
             k = None
@@ -711,8 +749,7 @@ class GoodputPolicy:
         self.draft_width, self._probe, self._class = self.width, False, len(self.classes) - 1
         self.draft_nodes = None  # a proposer's draft bound (None: the whole budget)
         self._drafted_nodes = 0  # nodes per slot this step drafted (set by `choose`)
-        if not self.cost.ready or not self.curves[-1].plannable() or (
-                k is not None and (self.steps < self._initial or self.idle == 0)):
+        if k is not None and (self.steps < self._initial or self.idle == 0):
             d = self.depth
             if k is not None:  # an exploration at its width class
                 n_explore, self._class = self.explore[k % len(self.explore)]
@@ -733,7 +770,7 @@ class GoodputPolicy:
                 d, n = 0, 0
             self._since_ar = self._since_ar + 1 if d > 0 else 0
             self.idle = self.idle + 1 if planned_ar else 0
-            may_learn = planned_ar and self._may_learn(rows)
+            may_learn = planned_ar and self._may_learn(rows, self.budget, len(self.classes) - 1)
             if planned_ar and not may_learn and self._hopeless(rows):  # AR for good
                 self.settled, self._settled_ar_s = True, self.cost.ar_step_s(rows)
             if may_learn and self.idle > self.pause:  # probe: do drafts pay again?
@@ -750,13 +787,35 @@ class GoodputPolicy:
             self.widths.append(self.draft_width)
         return d
 
-    def _may_learn(self, rows: int) -> bool:
-        """Whether an exploration or a probe may run now: what learning lost to AR so far is within
-        `learn_share` of AR's seconds for the tokens committed so far plus `learn_allowance` AR
-        steps, and some draft could beat AR were every node accepted (`pays_if_accepted`)."""
+    def _may_learn(self, rows: int, nodes: int, cls: int) -> bool:
+        """Whether an exploration or a probe (a full-depth draft at width class `cls`, up to `nodes`
+        verified) may run now: what learning lost to AR so far plus what this step is expected to
+        lose (`_expected_loss`) is within `learn_share` of AR's seconds for the tokens committed so
+        far plus `learn_allowance` AR steps, and some plan could beat AR at the acceptance still to
+        be revealed (`may_pay`). (Counting the step's own loss keeps a step that costs more than the
+        allowance - a full tree at batch 16: ~5 AR steps - from running on the allowance alone:
+        measured with an untrained drafter at batch 16, 7% of AR's time lost to one such step.)"""
         t_ar = self.cost.ar_step_s(rows)
-        within = self.learn_loss <= self.learn_share * self.ar_time + self.learn_allowance * t_ar
-        return within and self.pays_if_accepted(rows)
+        loss = self.learn_loss + max(self._expected_loss(rows, nodes, cls), 0.0)
+        within = loss <= self.learn_share * self.ar_time + self.learn_allowance * t_ar
+        return within and self.may_pay(rows)
+
+    def _expected_loss(self, rows: int, nodes: int, cls: int) -> float:
+        """Seconds a learning step is expected to lose to AR: a full-depth draft at width class `cls`,
+        its nodes verified up to `nodes` or as few as could pay were all accepted (`could_pay`:
+        along a chain, 1 + min(depth, N) tokens), less AR's seconds for the tokens its value curve
+        expects it to commit (none past the bonus where nothing is known)."""
+        t_ar = self.cost.ar_step_s(rows)
+        w = self.classes[cls] or self.width or 1
+        draft = (self.depth * self.cost.draft_depth_s(rows * w) if self.depth_scaled
+                 else float(self.cost.proposer_draft_s(nodes)))
+        seconds_N = step_seconds(self.cost, rows, nodes)
+        n_N = np.arange(nodes + 1)
+        pays_N = (1 + np.minimum(n_N, self.depth)) * t_ar >= seconds_N
+        n = int(n_N[pays_N].max()) if pays_N.any() else 0
+        V = self.curves[cls].V(self._worth())
+        value = float(max(V[-1, n - 1], 0.0)) if V is not None and n > 0 else 0.0
+        return draft + float(seconds_N[n]) - (1 + value) * t_ar
 
     def _hopeless(self, rows: int) -> bool:
         """Whether this drafter is past hope, so that the plan's AR may stand for good: no chain
@@ -764,27 +823,21 @@ class GoodputPolicy:
         nodes accepted per slot-tree (an untrained drafter: ~0). A drafter that pays somewhere
         accepts several per tree and is never settled: a plan that says AR after its first costly
         explorations (a large batch on a CPU) still probes later, as the learning budget allows."""
-        if not self.pays_if_accepted(rows):
+        if not self.may_pay(rows):
             return True
         rows_seen, accepted = self.tried_rows + self._prior_trees[0], self.accepted + self._prior_trees[1]
         return rows_seen > 0 and accepted / rows_seen < self.SETTLE_ACCEPTED
 
     SETTLE_ACCEPTED = 0.5  # accepted nodes per slot-tree below which a drafter is past hope (trained: ~3)
 
-    def pays_if_accepted(self, rows: int) -> bool:
-        """Whether a chain of d = 1..depth nodes per slot, every node accepted, would beat an AR
-        step: (1 + d) AR steps' seconds against the chain's draft, the commit extra and the verify of
-        rows x (1 + d) tokens. Where none would (a drafter that costs what the target does, as in the
-        tiny world), no acceptance learnt can make drafting pay: nothing is explored or probed.
+    def may_pay(self, rows: int) -> bool:
+        """Whether some plan could still beat an AR step at the acceptance learning may yet reveal:
+        its value curves at their upper confidence bound (`_Curves.V_upper`, every node accepted
+        where nothing is known) against its measured seconds. Where none could (a drafter that costs
+        what the target does, as in the tiny world; a drafter whose own figures or trees say its
+        nodes are seldom accepted), learning cannot buy anything: nothing is explored or probed.
         Before a draft is measured its seconds read 0: every draft could pay."""
-        d_D = np.arange(1, self.depth + 1, dtype=np.float64)
-        if self.depth_scaled:
-            draft_D = d_D * self.cost.draft_depth_s(rows)  # one row per slot and depth: a chain
-        else:
-            draft_D = np.broadcast_to(np.asarray(self.cost.proposer_draft_s(d_D), dtype=np.float64), d_D.shape)
-        other = self.cost.overhead_s()
-        seconds_D = other + self.cost.commit_extra() + draft_D + self.cost.verify_s(rows * self.cost.run_tokens(1 + d_D))
-        return bool(((1 + d_D) * self.cost.ar_step_s(rows) > seconds_D).any())
+        return bool(self._rates(rows, upper=True).max() > 1.0 / max(self.cost.ar_step_s(rows), 1e-12))
 
     def _ar_gap(self) -> int:
         """Drafting steps between two AR probes: `ar_probe_every`, or as many as make what a probe
@@ -813,20 +866,33 @@ class GoodputPolicy:
 
     def _best_plan(self, n_active: int, rows: int) -> tuple[int, int]:
         """(draft depth, expected node count) of the highest expected rate; (0, 0): AR. Every (d, N)
-        at once (a step's planning must cost little next to an AR step: 6 depths x 80 nodes).
-        A step's seconds count what every step pays besides its plan (`CostModel.overhead_s`): left
-        out, a ratio prefers smaller trees (measured on two cores: 0.2-0.7 ms per step, 2-5% of a
-        step - a small push towards the larger trees that fixed CPU trees showed to win)."""
-        other = self.cost.overhead_s()   # what any step pays besides its plan's own seconds
-        fixed = other + self.cost.commit_extra()  # any drafting step, besides its depth and verification
+        at once (a step's planning must cost little next to an AR step: 6 depths x 80 nodes)."""
         t_ar = self.cost.ar_step_s(rows)  # an AR step's seconds
-        ar_rate = n_active / max(t_ar, 1e-12)
+        ar_rate = 1.0 / max(t_ar, 1e-12)  # tokens per second per active slot
+        rate_CDN = self._rates(rows, upper=False)
+        k = int(rate_CDN.argmax())  # row-major: then the shallower depth, then the fewer nodes
+        best = float(rate_CDN.flat[k])
+        self.rate = max(best, ar_rate)  # per active slot
+        self._plans += 1
+        self._ar_probe_loss = _AR_PROBE_STEPS * t_ar * (1 - ar_rate / best) if best > ar_rate else 0.0
+        self._plan_class, k = divmod(k, rate_CDN.shape[1] * self.budget)
+        if not best > ar_rate:
+            return 0, 0
+        return (k // self.budget + 1 if self.depth_scaled else self.depth), k % self.budget + 1
+
+    def _rates(self, rows: int, upper: bool) -> np.ndarray:
+        """(classes, depths, N) expected tokens per second per active slot of every plan, by the value
+        curves (`upper`: their upper confidence bound, `_Curves.V_upper`). A step's seconds count what
+        every step pays besides its plan (`CostModel.overhead_s`): left out, a ratio prefers smaller
+        trees (measured on two cores: 0.2-0.7 ms per step, 2-5% of a step - a small push towards the
+        larger trees that fixed CPU trees showed to win)."""
+        fixed = self.cost.overhead_s() + self.cost.commit_extra()  # any drafting step, besides its depth and verification
         n_N, w_CN, d_D1 = self._grid
         verify_N = self.cost.verify_s(rows * self.cost.run_tokens(1 + n_N))  # every candidate's verification at once
         rate_CDN = []
         worth_K = self._worth()
         for curves, w_N in zip(self.curves, w_CN):  # narrow classes first: ties go to the narrower draft
-            V_DN = curves.V(worth_K)
+            V_DN = curves.V_upper(worth_K, self.optimism) if upper else curves.V(worth_K)
             if V_DN is None:
                 rate_CDN.append(np.full((self.depth if self.depth_scaled else 1, self.budget), -math.inf))
                 continue
@@ -835,18 +901,8 @@ class GoodputPolicy:
                 draft_DN = d_D1 * per_depth_N
             else:  # the whole draft or none: the deepest curve at the seconds of a draft of N nodes
                 V_DN, draft_DN = V_DN[-1:], self.cost.proposer_draft_s(n_N)
-            rate_CDN.append(np.where(V_DN < 0, -math.inf,
-                                     n_active * (1 + V_DN) / np.maximum(draft_DN + fixed + verify_N, 1e-300)))
-        rate_CDN = np.stack(rate_CDN)
-        k = int(rate_CDN.argmax())  # row-major: then the shallower depth, then the fewer nodes
-        best = float(rate_CDN.flat[k])
-        self.rate = max(best, ar_rate) / max(n_active, 1)  # per active slot
-        self._plans += 1
-        self._ar_probe_loss = _AR_PROBE_STEPS * t_ar * (1 - ar_rate / best) if best > ar_rate else 0.0
-        self._plan_class, k = divmod(k, rate_CDN.shape[1] * self.budget)
-        if not best > ar_rate:
-            return 0, 0
-        return (k // self.budget + 1 if self.depth_scaled else self.depth), k % self.budget + 1
+            rate_CDN.append(np.where(V_DN < 0, -math.inf, (1 + V_DN) / np.maximum(draft_DN + fixed + verify_N, 1e-300)))
+        return np.stack(rate_CDN)
 
     def choose(self, tree, active_B: torch.Tensor, rows: int):
         """The tree truncated to the chosen node count (choose_nodes; the draft is already paid).
@@ -881,7 +937,9 @@ class GoodputPolicy:
             self._planned = None  # the values moved: the plan is weighed again
         # a probe verifies as the full exploration (by the AR plan it would verify no node, and a
         # proposer's acceptance would never be taught again)
-        if k is not None or self._probe or not self.cost.ready:
+        if self.steps < CALIBRATE:  # the calibrating chain: its one node
+            n = min(1, tree.size)
+        elif k is not None or self._probe or not self.cost.ready:
             n = min(self.explore[(k or 0) % len(self.explore)][0], tree.size)
             if self.cost.varied:  # no more nodes than could pay were every one accepted
                 n = min(n, could_pay(depth_BN, real_BN, active, step_seconds(self.cost, rows, n)))
@@ -919,7 +977,7 @@ class GoodputPolicy:
             self.chosen.append(0)
             self.ar_time += self._settled_ar_s
             return
-        exploring = self._exploring() is not None
+        exploring = self._exploring() is not None or self.steps < CALIBRATE  # (calibrating counts as one)
         active = _host(active_B).astype(bool)
         n_active, t_ar = int(active.sum()), self.cost.ar_step_s(rows)
         ar_s = (n_active + int(_host(n_B)[active].sum())) * t_ar / max(n_active, 1)  # AR's seconds for its tokens

@@ -10,9 +10,24 @@ import numpy as np
 import pytest
 import torch
 
-from spec_core.decoding.goodput import (AcceptanceModel, CostModel, GoodputPolicy, LineFit, _host, choose_nodes,
-                                       could_pay, prior_curves, step_seconds)
+from spec_core.decoding.goodput import (CALIBRATE, AcceptanceModel, CostModel, GoodputPolicy, LineFit, _host,
+                                       choose_nodes, could_pay, prior_curves, step_seconds)
 from spec_core.targets.saved import save_acceptance
+
+
+def _calibrated(pol: GoodputPolicy) -> GoodputPolicy:
+    """A policy past its calibrating steps (a one-node chain, an AR step), driven by hand below,
+    whose explorations may all run (the learning budget and `may_pay` set aside until `_bounded`)."""
+    pol.steps = CALIBRATE
+    pol.learn_allowance, pol.may_pay = 1e9, lambda rows: True
+    return pol
+
+
+def _bounded(pol: GoodputPolicy) -> GoodputPolicy:
+    """`_calibrated`'s policy with its learning bounded again."""
+    pol.learn_allowance = GoodputPolicy(1, 1).learn_allowance
+    del pol.may_pay
+    return pol
 
 
 def _cost(a: float, b: float) -> CostModel:
@@ -142,17 +157,19 @@ def _trained_policy(a: float, b: float, per_depth: float, width: int | None = No
     pol = GoodputPolicy(budget=6, depth=3, width=width)
     pol.cost = _cost(a, b)
     pol.cost.draft_per_depth = per_depth
+    _calibrated(pol)
     for _ in range(len(pol.explore)):
         pol.plan(1, 1)
         pol.choose(_confident_tree(), torch.tensor([True]), 1)
         pol.steps += 1
+    _bounded(pol)
     return pol
 
 
 def test_plan_drafts_deep_when_drafts_are_cheap_and_not_at_all_when_they_cost_too_much():
     assert _trained_policy(0.01, 0.0001, per_depth=0.0001).plan(1, 1) == 3
     pol = _trained_policy(0.01, 0.0001, per_depth=1.0)  # a draft costs 100 verifications
-    assert pol.plan(1, 1) == 0 and not pol.pays_if_accepted(1)
+    assert pol.plan(1, 1) == 0 and not pol.may_pay(1)
     assert [pol.plan(1, 1) for _ in range(200)] == [0] * 200  # no acceptance could pay: no probe either
     pol = _doubtful_policy()  # drafts could pay, but its nodes are seldom accepted
     plans = [pol.plan(1, 1) for _ in range(12)]
@@ -168,11 +185,13 @@ def _doubtful_policy() -> GoodputPolicy:
     pol.cost.draft_per_depth = 0.0001
     tree = _confident_tree()
     tree.score_BN = torch.log(torch.full((1, 6), 0.05, dtype=torch.float64))
+    _calibrated(pol)
     for _ in range(len(pol.explore)):
         pol.plan(1, 1)
         pol.choose(tree, torch.tensor([True]), 1)
         pol.steps += 1
-    assert pol.plan(1, 1) == 0 and pol.pays_if_accepted(1)
+    _bounded(pol)
+    assert pol.plan(1, 1) == 0 and pol.may_pay(1)
     return pol
 
 
@@ -279,11 +298,13 @@ def test_a_proposer_drafts_its_whole_tree_or_none_at_its_measured_cost():
     def proposer_policy(draft_s: float) -> GoodputPolicy:
         pol = GoodputPolicy(budget=3, depth=3, depth_scaled=False)
         pol.cost = _cost(0.01, 0.0001)
+        _calibrated(pol)
         for _ in range(len(pol.explore)):
             pol.plan(1, 1)
             pol.choose(chain, torch.tensor([True]), 1)
             pol.cost.observe_draft(3, draft_s)
             pol.steps += 1
+        _bounded(pol)
         return pol
 
     ar_rate = 1 / 0.0101
@@ -291,6 +312,8 @@ def test_a_proposer_drafts_its_whole_tree_or_none_at_its_measured_cost():
     cheap = proposer_policy(0.001)  # ... and is drafted only as large as the plan may verify
     assert cheap.plan(1, 1) == 3 and cheap.draft_nodes == cheap._best_plan(1, 1)[1] >= 1
     fresh = GoodputPolicy(budget=3, depth=3, depth_scaled=False)
+    assert fresh.plan(1, 1) == 1 and fresh.draft_nodes == 1  # calibrating: a one-node draft
+    fresh = _calibrated(GoodputPolicy(budget=3, depth=3, depth_scaled=False))
     assert fresh.plan(1, 1) == 3 and fresh.draft_nodes == 3  # the first exploration drafts the budget
     costly = proposer_policy(0.012)
     assert costly.cost.draft_step == pytest.approx(0.012)
@@ -318,10 +341,12 @@ def test_a_probe_verifies_what_could_pay_and_teaches_a_proposers_acceptance():
     pol.cost = _cost(0.01, 0.0001)
     pol.acceptance.depth_acc[:] = 0.0  # every node looked hopeless so far
     pol.cost.observe_draft(4, 0.001)
+    _calibrated(pol)
     for _ in range(len(pol.explore)):
         pol.plan(1, 1)
         pol.choose(_chain(4), torch.tensor([True]), 1)
         pol.steps += 1
+    _bounded(pol)
     assert pol._best_plan(1, 1) == (0, 0)
     seen = pol.acceptance.node_seen.copy()
     for _ in range(200):
@@ -340,18 +365,20 @@ def test_a_proposers_draft_seconds_are_a_line_in_the_nodes_it_drafts():
     every draft is measured at the nodes it built, and the plan weighs N nodes at the line's value
     at N: a whole 80-node draft's 1 ms is no price of a 1-node draft's 0.1 ms (measured on 2 cores,
     that mean kept Token Recycling on AR at batch 4 where one node per step ran 6% faster)."""
+    from spec_core.decoding.tree import empty_tree
+
     pol = GoodputPolicy(budget=8, depth=8, depth_scaled=False)
-    assert [e[0] for e in pol.explore] == [8, 0, 4, 2]
+    assert [e[0] for e in pol.explore] == [8, 4, 2]
     bounds = []
-    for _ in range(4):
-        pol.plan(1, 1)
-        bounds.append(pol.draft_nodes)
-        tree = pol.choose(_chain(pol.draft_nodes), torch.tensor([True]), 1)
+    for _ in range(CALIBRATE + 3):  # the calibrating one-node draft and AR step, then the explorations
+        d = pol.plan(1, 1)
+        bounds.append(pol.draft_nodes if d else 0)
+        tree = pol.choose(_chain(pol.draft_nodes), torch.tensor([True]), 1) if d else empty_tree(1, "cpu")
         n = tree.size
-        pol.observe(tree, 1, 0.01 + 0.001 * n, 0.0001 + 0.0001 * pol.draft_nodes, 8,
+        pol.observe(tree, 1, 0.01 + 0.001 * n, 0.0001 + 0.0001 * pol.draft_nodes if d else 0.0, 8 if d else 0,
                     torch.tensor([list(range(1, n + 1))]) if n else torch.zeros(1, 0, dtype=torch.long),
                     torch.tensor([n]), torch.tensor([True]))
-    assert bounds == [8, 1, 4, 2]
+    assert bounds == [1, 0, 8, 4, 2]
     assert pol.cost.proposer_draft_s(np.array([1.0, 8.0])) == pytest.approx([0.0002, 0.0009])
     assert pol.cost.proposer_draft_s(1) < pol.cost.draft_step  # the mean of all drafts: 0.00045 s
     fresh = CostModel()
@@ -391,7 +418,7 @@ def test_an_exploration_verifies_no_more_nodes_than_could_pay():
 
     star, chain = tree(torch.zeros(1, 40, dtype=torch.long)), tree(torch.arange(40)[None])
     for shape, b, most in ((star, 0.0001, 40), (star, 0.0011, 10), (star, 0.02, 1), (chain, 0.02, 40)):
-        pol = GoodputPolicy(budget=40, depth=40, depth_scaled=False)
+        pol = _calibrated(GoodputPolicy(budget=40, depth=40, depth_scaled=False))
         pol.cost = _cost(0.01, b)
         assert pol.plan(1, 1) == 40 and pol._exploring() == 0  # the first exploration: the whole budget
         assert pol.choose(shape, torch.tensor([True]), 1).size == most, (b, most)
@@ -595,14 +622,16 @@ def test_the_plan_chooses_the_draft_width_by_the_brute_force_best_rate():
     chosen = []
     for slope in (0.0, 0.0005, 0.002):  # seconds per depth per row expanded
         pol = GoodputPolicy(budget=6, depth=3, width=6)
-        assert pol.classes == [1, 2, 3, 6] and [c for _, c in pol.explore] == [3, 3, 3, 3, 0, 1, 2]
+        assert pol.classes == [1, 2, 3, 6] and [c for _, c in pol.explore] == [3, 3, 3, 0, 1, 2]
         pol.cost = _cost(0.01, 0.0001)
         for rows in (3, 6, 3, 6):
             pol.cost.observe_draft(1, 0.001 + slope * rows, rows=rows)
+        _calibrated(pol)
         for _ in range(6 * len(pol.explore)):  # one slot: the first steps explore the list 6 times over
             assert pol.plan(1, 1) == 3
             pol.choose(tree(pol.draft_width), torch.tensor([True]), 1)
             pol.steps += 1
+        _bounded(pol)
         rates = {(0, 0, 0): 1 / pol.cost.ar_s(1)}
         for c, w in enumerate(pol.classes):
             for d in (1, 2, 3):
@@ -725,7 +754,7 @@ def test_the_first_explorations_give_each_entry_explore_rows_slot_trees(slots, r
     exploration list until each entry has taught `explore_rows` (6) slot-trees, by the active
     slots of the first plan; a policy of one class (a proposer) explores its list once."""
     def explored(pol: GoodputPolicy, slots: int) -> list[int]:
-        pol.plan(slots, slots)
+        _calibrated(pol).plan(slots, slots)
         seen = []
         while (k := pol._exploring()) is not None and len(seen) < 100:
             seen.append(k)
@@ -757,10 +786,12 @@ def test_under_cuda_graph_buckets_a_step_verifies_a_whole_bucket():
         assert 1 + n in TOKEN_BUCKETS, (p, n)
 
 
-def _simulate(pol: GoodputPolicy, steps: int, verify, per_depth: float, accepted: bool) -> tuple[float, float]:
+def _simulate(pol: GoodputPolicy, steps: int, verify, per_depth: float, accepted: bool,
+              commit: float = 0.0) -> tuple[float, float]:
     """Drive a policy as the engine does over `steps` batch-1 steps on synthetic costs (verify(T)
-    seconds for T tokens, per_depth a draft depth) with every drafted node rejected, or every
-    node of the chain 1 -> 2 -> 3 accepted. Returns (seconds, tokens)."""
+    seconds for T tokens, per_depth a draft depth, `commit` what committing a tree costs beyond
+    an AR step) with every drafted node rejected, or every node of the chain 1 -> 2 -> 3
+    accepted. Returns (seconds, tokens)."""
     from spec_core.decoding.tree import empty_tree, truncate
 
     seconds = tokens = 0.0
@@ -774,9 +805,11 @@ def _simulate(pol: GoodputPolicy, steps: int, verify, per_depth: float, accepted
             if accepted:
                 k = min(tree.size, 3, d)
                 path, n = torch.arange(1, k + 1)[None], torch.tensor([k])
-        verify_s, draft_s = verify(1 + tree.size), d * per_depth
-        pol.observe(tree, 1, verify_s, draft_s, d if tree.size else 0, path, n, one, wall_s=verify_s + draft_s)
-        seconds += verify_s + draft_s
+        verify_s, draft_s, commit_s = verify(1 + tree.size), d * per_depth, commit if tree.size else 0.0
+        pol.cost.observe_commit(tree.size > 0, commit_s)
+        pol.observe(tree, 1, verify_s, draft_s, d if tree.size else 0, path, n, one,
+                    wall_s=verify_s + draft_s + commit_s)
+        seconds += verify_s + draft_s + commit_s
         tokens += 1 + int(n[0])
     return seconds, tokens
 
@@ -797,8 +830,78 @@ def test_where_nothing_pays_learning_costs_a_bounded_share_of_ar_time(per_depth)
     assert pol.learn_loss <= pol.learn_share * pol.ar_time + (pol.learn_allowance + 3) * t_ar
     assert pol.depths[-1000:].count(0) >= 1000 * (1 - pol.learn_share) - 10  # AR, probes rare
     if per_depth >= 0.01:
-        assert not pol.pays_if_accepted(1) and pol.explorations + pol.probes == 2
+        assert not pol.may_pay(1) and pol.explorations + pol.probes == 2
         assert pol.depths[2:] == [0] * 2998
+
+
+def test_the_first_steps_calibrate_with_a_one_node_chain_then_an_ar_step():
+    """A fresh policy's first step drafts one depth at its narrowest width and verifies its one
+    node, its second is AR: every cost term is measured before any costlier draft is weighed."""
+    from spec_core.decoding.tree import empty_tree
+
+    pol = GoodputPolicy(budget=6, depth=3, width=6)
+    one = torch.tensor([True])
+    assert pol.plan(1, 1) == 1 and pol.draft_width == 1
+    chain = pol.choose(_confident_tree(), one, 1)
+    assert chain.size == 1
+    pol.observe(chain, 1, 0.011, 0.001, 1, torch.tensor([[1]]), torch.tensor([1]), one, draft_width=1, wall_s=0.013)
+    assert pol.plan(1, 1) == 0
+    pol.observe(empty_tree(1, "cpu"), 1, 0.010, 0.0, 0, torch.zeros(1, 0, dtype=torch.long), torch.tensor([0]), one,
+                wall_s=0.0105)
+    assert pol.explorations == CALIBRATE and pol.cost.commit_extra() >= 0 and pol.cost.varied
+    assert pol.cost.draft_per_depth == pytest.approx(0.001) and pol.cost.overhead_s() > 0
+
+
+@pytest.mark.parametrize("figures", [(0.37, 0.38, 0.35), None])
+def test_a_drafter_whose_figures_cannot_pay_learns_nothing_after_calibrating(figures):
+    """The QUICK demo's case (measured there: a draft depth 0.74 ms, a commit 0.47 ms beyond AR's,
+    an AR step 0.87 ms): a drafter whose own figures say its chain accepts ~0.37 per step. Every
+    node accepted, a 3-deep chain would beat AR; at the upper confidence bound of what its curves
+    (the figures, worth explore_rows slot-trees) could still reveal, no plan does: after the two
+    calibrating steps nothing is explored or probed and the policy settles on AR. The same costs
+    without figures (an untrained drafter) are weighed at full acceptance: it explores."""
+    verify = lambda t: 0.0087 + 0.0003 * t  # noqa: E731 - AR 9 ms
+    pol = GoodputPolicy(budget=6, depth=3, prior=figures)
+    _simulate(pol, 300, verify, 0.0074, accepted=False, commit=0.0047)
+    if figures is None:
+        assert pol.explorations > CALIBRATE
+    else:
+        assert pol.explorations == CALIBRATE and pol.probes == 0 and pol.settled
+        assert pol.depths[CALIBRATE:] == [0] * (300 - CALIBRATE)
+
+
+def test_a_learning_step_that_costs_more_than_the_allowance_waits_for_the_share():
+    """A learning step counts its own expected loss (its draft and verification less AR's seconds
+    for the tokens expected: here none past the bonus) before it runs: a 12-deep draft that costs
+    ~5 AR steps does not run on a 4-step allowance (though a chain accepted whole would pay), but
+    once AR's share covers it."""
+    pol = _bounded(_calibrated(GoodputPolicy(budget=12, depth=12)))
+    pol.cost = _cost(0.01, 0.0001)  # AR ~10 ms; a depth of draft 4 ms
+    pol.cost.draft_per_depth = 0.004
+    t_ar = pol.cost.ar_step_s(1)
+    seconds = step_seconds(pol.cost, 1, 12)
+    n = max(i for i in range(13) if (1 + min(i, 12)) * t_ar >= seconds[i])  # the most nodes that could pay
+    assert pol._expected_loss(1, 12, 0) == pytest.approx(12 * 0.004 + seconds[n] - t_ar)
+    assert pol._expected_loss(1, 12, 0) > pol.learn_allowance * t_ar and pol.may_pay(1)
+    assert not pol._may_learn(1, 12, 0)
+    pol.ar_time = 1e3  # AR's seconds so far: 2% of them cover it
+    assert pol._may_learn(1, 12, 0)
+
+
+def test_the_upper_bound_is_full_acceptance_unmeasured_and_narrows_with_slot_trees():
+    """`V_upper`: min(d, N) where nothing is known; the learnt value plus optimism x cap / sqrt(n)
+    (at most cap) once n slot-trees taught it."""
+    pol = GoodputPolicy(budget=4, depth=2)
+    curves, worth = pol.curves[-1], pol._worth()
+    assert curves.V_upper(worth, 1.22).tolist() == [[1, 1, 1, 1], [1, 2, 2, 2]]
+    tree = _confident_tree()
+    for n in (1, 16):
+        fresh = GoodputPolicy(budget=4, depth=2).curves[-1]
+        for _ in range(n):
+            fresh.learn(np.full((1, 6), 0.0), _host(tree.depth_BN).clip(max=2), np.array([True]), 2)  # p's of 0
+        upper = fresh.V_upper(worth, 1.22)
+        cap = np.minimum(np.arange(1, 3)[:, None], np.arange(1, 5)[None])
+        assert upper == pytest.approx(np.minimum(cap, 1.22 * cap / np.sqrt(n)))
 
 
 def test_where_drafts_pay_learning_is_never_held():
@@ -821,7 +924,7 @@ def test_a_policy_settled_on_ar_retires_the_drafter_and_outputs_stay_ar(tiny_wor
     reqs = [Request(prompt_inputs(processor, s), 12, s["id"]) for s in evals]
     ar = {r.key: r.sequences[0].tolist() for r in DecodeEngine(adapter, batch_size=2, capacity=512).generate(reqs)}
     engine = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=TreeConfig(3, 3, 8, policy="goodput"))
-    engine.policy.pays_if_accepted = lambda rows: False
+    engine.policy.may_pay = lambda rows: False
     engine.policy._best_plan = lambda n_active, rows: (0, 0)  # the plan: AR (whatever this machine's timings)
     fed, prefilled = [], []
     feed, prefill = engine._drafter_catch_up, engine._drafter_prefill
@@ -864,11 +967,11 @@ def test_a_drafter_with_figures_plans_on_them_after_one_round_of_explorations():
     pol = GoodputPolicy(budget=6, depth=3, width=6, prior=a)
     prior = prior_curves(a, 3, 6)
     assert pol.value == [None, *prior.tolist()] and pol.curves[0].plannable()
-    pol.plan(1, 1)
-    assert pol._initial == len(pol.explore)  # batch 1 without figures: 6 rounds
+    _calibrated(pol).plan(1, 1)
+    assert pol._initial == CALIBRATE + len(pol.explore)  # batch 1 without figures: 6 rounds
     flat = GoodputPolicy(budget=6, depth=3, width=6)
-    flat.plan(1, 1)
-    assert flat._initial == 6 * len(flat.explore) and flat.value == [None] * 4 and not flat.curves[0].plannable()
+    _calibrated(flat).plan(1, 1)
+    assert flat._initial == CALIBRATE + 6 * len(flat.explore) and flat.value == [None] * 4 and not flat.curves[0].plannable()
     full = pol.curves[-1]
     tree = _confident_tree()
     full.learn(np.full((1, 6), 0.5), _host(tree.depth_BN), np.array([True]), 3)  # one slot-tree of p's 0.5
@@ -942,18 +1045,18 @@ def test_engines_that_share_a_policy_start_from_what_the_first_learnt(tiny_world
     tree = TreeConfig(3, 3, 8, policy="goodput")
     first = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=tree)
     pol = first.policy
-    pol.pays_if_accepted = lambda rows: True  # learning may run, whatever this machine's timings
+    pol.may_pay = lambda rows: True  # learning may run, whatever this machine's timings
     pol.learn_allowance = 1e9
     assert {r.key: r.sequences[0].tolist() for r in first.generate(reqs)} == ar
     learnt = pol.stats()
-    assert pol.steps >= pol._initial == 3 * len(pol.explore) <= learnt["explorations"]  # the flat start
+    assert pol.steps >= pol._initial == CALIBRATE + 3 * len(pol.explore) <= learnt["explorations"]  # the flat start
     second = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=tree, policy=pol)
     assert second.policy is pol
     assert {r.key: r.sequences[0].tolist() for r in second.generate(reqs)} == ar
     steps = pol.steps - learnt["steps"]
     assert steps > pol.reexplore and pol.explorations - learnt["explorations"] <= 1 + steps // pol.reexplore
 
-    pol.pays_if_accepted = lambda rows: False  # now nothing can pay: the plan settles on AR
+    pol.may_pay = lambda rows: False  # now nothing can pay: the plan settles on AR
     pol._best_plan = lambda n_active, rows: (0, 0)
     list(second.generate(reqs[:2]))
     assert pol.settled
