@@ -53,12 +53,15 @@ def test_greedy_equals_hf_generate_on_six_tasks_alone_and_batched(tiny_world, fa
                                     width=TREE.width, depth=TREE.depth, budget=TREE.budget, policy=policy)
         assert spec.sequences[0].tolist() == refs[s["id"]], (name, s["id"])
         accepts += spec.accept_lengths
-    assert sum(accepts) / len(accepts) > (1.5 if policy == "fixed" else 1.0), name  # multi-token paths exercised
+    if policy == "fixed":  # multi-token paths exercised (a goodput policy per 3-token answer: its
+        assert sum(accepts) / len(accepts) > 1.5, name  # two calibrating steps are most of it)
     engine = DecodeEngine(adapter, drafter, batch_size=3, capacity=512, tree=tree, eos_token_ids=eos)
     results = list(engine.generate(Request(prompt_inputs(processor, s), MAX_NEW, s["id"]) for s in evals))
     assert sorted(r.key for r in results) == sorted(refs)
     for r in results:
         assert r.sequences[0].tolist() == refs[r.key], (name, "batched", r.key)
+    accepts = [a for r in results for a in r.accept_lengths]
+    assert sum(accepts) / len(accepts) > 1.0, name  # one policy over every request: its trees accepted
 
 
 def test_viskip_on_medusa_changes_steps_never_outputs(tiny_world, family):
