@@ -749,13 +749,12 @@ class GoodputPolicy:
         self.draft_width, self._probe, self._class = self.width, False, len(self.classes) - 1
         self.draft_nodes = None  # a proposer's draft bound (None: the whole budget)
         self._drafted_nodes = 0  # nodes per slot this step drafted (set by `choose`)
-        if k is not None and (self.steps < self._initial or self.idle == 0):
+        if k is not None and (self.steps < self._initial or self.idle == 0):  # an exploration at its width class
             d = self.depth
-            if k is not None:  # an exploration at its width class
-                n_explore, self._class = self.explore[k % len(self.explore)]
-                self.draft_width = self.classes[self._class]
-                if not self.depth_scaled:  # a proposer drafts what the entry verifies (one node for none):
-                    self.draft_nodes = max(n_explore, 1)  # its draft seconds are measured at several sizes
+            n_explore, self._class = self.explore[k % len(self.explore)]
+            self.draft_width = self.classes[self._class]
+            if not self.depth_scaled:  # a proposer drafts what the entry verifies:
+                self.draft_nodes = max(n_explore, 1)  # its draft seconds are measured at several sizes
         else:
             last = self._planned
             if last is not None and last[0] == (n_active, rows) and (
@@ -810,9 +809,8 @@ class GoodputPolicy:
         draft = (self.depth * self.cost.draft_depth_s(rows * w) if self.depth_scaled
                  else float(self.cost.proposer_draft_s(nodes)))
         seconds_N = step_seconds(self.cost, rows, nodes)
-        n_N = np.arange(nodes + 1)
-        pays_N = (1 + np.minimum(n_N, self.depth)) * t_ar >= seconds_N
-        n = int(n_N[pays_N].max()) if pays_N.any() else 0
+        chain_1N = np.minimum(np.arange(1, nodes + 1), self.depth)[None]  # a chain's depths, the best case
+        n = could_pay(chain_1N, np.ones_like(chain_1N, dtype=bool), np.ones(1, dtype=bool), seconds_N)
         V = self.curves[cls].V(self._worth())
         value = float(max(V[-1, n - 1], 0.0)) if V is not None and n > 0 else 0.0
         return draft + float(seconds_N[n]) - (1 + value) * t_ar
