@@ -86,15 +86,6 @@ class Result:
 
 
 @dataclass
-class _PrefillRow:
-    """One prompt's part of a (possibly batched, left-padded) prefill, padding removed."""
-    final_hidden_BTD: torch.Tensor
-    position_ids: torch.Tensor
-    visual_BPD: torch.Tensor
-    visual_valid_BP: torch.Tensor
-
-
-@dataclass
 class _Slot:
     request: Request
     tokens: list[int]
@@ -287,10 +278,10 @@ class DecodeEngine:
         for r, (b, _) in enumerate(pairs):
             pad = W - T_R[r]  # left padding of this row
             self.tcache.load(b, [(k[r: r + 1, :, pad:], v[r: r + 1, :, pad:]) for k, v in kv])
-            P = int(out.visual_valid_BP[r].sum())  # this prompt's visual tokens (the first P)
-            row = _PrefillRow(out.final_hidden_BTD[r: r + 1, pad:], out.position_ids[..., r: r + 1, pad:],
-                              out.visual_BPD[r: r + 1, :P], out.visual_valid_BP[r: r + 1, :P])
-            self._start_slot(b, ids_RT[r: r + 1, pad:], int(first_R[r]), row)
+            self._start_slot(b, ids_RT[r: r + 1, pad:], int(first_R[r]), out.position_ids[..., r: r + 1, pad:],
+                             out.final_hidden_BTD[r, -1])
+        if self.drafter is not None and not self.medusa and not self._drafter_retired():
+            self._drafter_prefill([b for b, _ in pairs], ids_RT, first_R, T_R, out)
         self._sync()
         dt = time.perf_counter() - t0  # every request of the forward waited for all of it
         self.phase_s["prefill"] += dt
@@ -301,47 +292,67 @@ class DecodeEngine:
                 done.append(self._finish(b))
         return done
 
-    def _start_slot(self, b: int, ids_1T: torch.Tensor, y: int, out: _PrefillRow) -> None:
-        """A prefilled prompt's slot state: lengths, positions, root token y, drafter or proposer."""
+    def _start_slot(self, b: int, ids_1T: torch.Tensor, y: int, position_ids: torch.Tensor,
+                    last_hidden_D: torch.Tensor) -> None:
+        """A prefilled prompt's slot state: lengths, positions (its prefill's, padding removed),
+        root token y, Medusa's root state or a proposer (a feature drafter's: `_drafter_prefill`)."""
         T = ids_1T.shape[1]
         if self.probe is not None:
             self.image_BC[b] = False
             self.image_BC[b, :T] = ids_1T[0] == self.adapter.image_token_id
             self.vis_B[b] = visual_share(self.probe.attn_BSK[:, -1:], self.image_BC[b:b + 1], self.visual_reduce)[0, 0]
-        last_pos = out.position_ids.amax(-1).reshape(-1).amax()
+        last_pos = position_ids.amax(-1).reshape(-1).amax()
         self.len_B[b], self.tpos_B[b], self.root_B[b] = T, last_pos + 1, y
         self.len_host[b], self.root_host[b] = T, y
         if self.medusa:
-            self.root_h_BD[b] = out.final_hidden_BTD[0, -1]
-        elif self.drafter is not None and not self._drafter_retired():
-            self._drafter_prefill(b, ids_1T, y, out)
+            self.root_h_BD[b] = last_hidden_D
         if self.new_proposer is not None:
             prop = self.proposers[b] = self.new_proposer()
             prop.reset(ids_1T[0].tolist())
             prop.extend([y])
 
-    def _drafter_prefill(self, b: int, ids_1T: torch.Tensor, y: int, out) -> None:
+    def _drafter_prefill(self, slots: list[int], ids_RW: torch.Tensor, y_R: list[int], T_R: list[int],
+                         out) -> None:
+        """The feature drafter's state for the prompts just admitted, in one forward over the
+        target's left-padded prefill `out` (row r: slot slots[r], T_R[r] real tokens, root token
+        y_R[r]): each row at its own positions (0 at its first real token), its pads masked (a pad
+        query reads only itself); then each row's keys, root state and visual memory go to its
+        slot. One forward instead of one per prompt: at batch 16, 16 prefills of ~2.5 ms each on
+        a CPU (what an engine whose policy settles on AR pays for nothing)."""
         d = self.drafter
-        T = ids_1T.shape[1]
-        tokens = torch.cat([ids_1T[:, 1:], ids_1T.new_tensor([[y]])], 1)
-        ranks = torch.cat([image_ranks(ids_1T, d.image_token_id)[:, 1:], ids_1T.new_tensor([[-1]])], 1)
-        x = d.input_states(tokens, out.final_hidden_BTD.to(d.fc.weight.dtype), out.visual_BPD, ranks,
+        W, dev = ids_RW.shape[1], ids_RW.device
+        pad_R1 = W - torch.tensor(T_R, device=dev)[:, None]
+        at_W = torch.arange(W, device=dev)
+        real_RW = at_W[None] >= pad_R1
+        # the token after each position (its own root last), and which image token it is
+        tokens_RW = torch.cat([ids_RW[:, 1:], ids_RW.new_tensor(y_R)[:, None]], 1)
+        ranks_RW = image_ranks(torch.where(real_RW, ids_RW, -1), d.image_token_id)
+        ranks_RW = torch.cat([ranks_RW[:, 1:], torch.full_like(ranks_RW[:, :1], -1)], 1)
+        x = d.input_states(tokens_RW, out.final_hidden_BTD.to(d.fc.weight.dtype), out.visual_BPD, ranks_RW,
                            out.visual_valid_BP)
+        attend_RWW = (at_W[:, None] >= at_W[None])[None] & real_RW[:, None, :]
+        keep_RW = d.context_keep(tokens_RW, ranks_RW) if self.dkeep_BC is not None else None
+        if keep_RW is not None:
+            attend_RWW = attend_RWW & keep_RW[:, None, :]
+        attend_RWW = attend_RWW | (torch.eye(W, dtype=torch.bool, device=dev) & ~real_RW[:, :, None])
         cache = DynamicCache()
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()[None]
-        if self.dkeep_BC is not None:
-            self.dkeep_BC[b] = True
-            if (keep_1T := d.context_keep(tokens, ranks)) is not None:
-                self.dkeep_BC[b, :T] = keep_1T[0]
-                causal = causal & keep_1T[:, None, :]
-        h, _ = d.blocks(x, torch.arange(T, device=x.device)[None], causal, cache)
-        self.dcache.load(b, dynamic_cache_kv(cache))
-        self.root_h_BD[b] = h[0, -1]
-        self.dlen_B[b], self.dlen_host[b] = T, T
-        self.pend_B[b], self.pend_host[b] = 0, 0
+        h_RWD, _ = d.blocks(x, (at_W[None] - pad_R1).clamp_min(0), attend_RWW, cache)
+        kv = dynamic_cache_kv(cache)
         mem = d.memory(out.visual_BPD, out.visual_valid_BP) if self.visual_correction else None
-        if mem is not None:
-            self._store_memory(b, mem)
+        for r, b in enumerate(slots):
+            T = T_R[r]
+            self.dcache.load(b, [(k[r: r + 1, :, W - T:], v[r: r + 1, :, W - T:]) for k, v in kv])
+            self.root_h_BD[b] = h_RWD[r, -1]
+            if self.dkeep_BC is not None:
+                self.dkeep_BC[b] = True
+                if keep_RW is not None:
+                    self.dkeep_BC[b, :T] = keep_RW[r, W - T:]
+            self.dlen_B[b], self.dlen_host[b] = T, T
+            self.pend_B[b], self.pend_host[b] = 0, 0
+            if mem is not None:
+                P = int(out.visual_valid_BP[r].sum())  # this prompt's visual tokens (the first P)
+                self._store_memory(b, VisualMemory(mem.keys_BPD[r: r + 1, :P], mem.values_BPD[r: r + 1, :P],
+                                                   mem.valid_BP[r: r + 1, :P]))
 
     def _store_memory(self, b: int, mem: VisualMemory) -> None:
         P = mem.keys_BPD.shape[1]

@@ -93,6 +93,14 @@ def check_caches_against_fresh_prefills(adapter, processor, drafter, samples, po
                           tree=TreeConfig(policy=policy))
     # both prompts in one left-padded prefill: each row's cache must equal its own prefill's
     assert engine._admit([(b, Request(prompt_inputs(processor, s), 24, s["id"])) for b, s in enumerate(samples)]) == []
+    if engine.mem is not None:  # ... and each row's visual memory its own prompt's
+        for b, s in enumerate(samples):
+            out = adapter.prefill(prompt_inputs(processor, s), cache=DynamicCache())
+            mem = drafter.memory(out.visual_BPD, out.visual_valid_BP)
+            P = mem.keys_BPD.shape[1]
+            torch.testing.assert_close(engine.mem.keys_BPD[b, :P], mem.keys_BPD[0], atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(engine.mem.values_BPD[b, :P], mem.values_BPD[0], atol=2e-5, rtol=1e-4)
+            assert engine.mem.valid_BP[b, :P].equal(mem.valid_BP[0]) and not engine.mem.valid_BP[b, P:].any()
     checked = deferred = 0
     while any(slot is not None for slot in engine.slots):
         engine.step()
