@@ -9,8 +9,8 @@ per-repetition throughput ratio to the fixed tree.
         --method runs/demo/train_drafter/reference-small-nc/drafter --set explore_share=0.02
     python scripts/bench_goodput_ab.py --batch 8 --method recycling --set alpha=0.1
 
-`--set name=value` sets a `GoodputPolicy` attribute after construction (`alpha` also reaches
-the value curves). Prints per policy: throughput vs AR and vs the fixed tree, nodes per step, and
+`--set name=value` sets a `GoodputConfig` field of the B arm's policies after construction
+(`alpha` also reaches the value curves). Prints per policy: throughput vs AR and vs the fixed tree, nodes per step, and
 the share of draft + verify seconds its re-explorations took; then each arm's mean, min and max.
 Outputs are checked identical to AR's.
 """
@@ -69,9 +69,9 @@ def main() -> None:
             e = engine(TreeConfig(6, 6, budget, policy="goodput"))
             if arm == "B":
                 for name, value in args.set:
-                    if not hasattr(e.policy, name):
-                        raise SystemExit(f"GoodputPolicy has no setting {name!r}")
-                    setattr(e.policy, name, type(getattr(e.policy, name))(value))
+                    if not hasattr(e.policy.cfg, name):
+                        raise SystemExit(f"GoodputConfig has no setting {name!r}")
+                    setattr(e.policy.cfg, name, type(getattr(e.policy.cfg, name))(value))
                     if name == "alpha":
                         for curves in e.policy.curves:
                             curves.alpha = value

@@ -49,18 +49,32 @@ import torch
 _BUCKETS = 10          # confidence buckets [0, .1), ..., [.9, 1]
 _PRIOR_WEIGHT = 4.0    # pseudo-observations behind each bucket's prior
 _LOG_EDGES = np.log(np.arange(1, _BUCKETS) / _BUCKETS)  # a log-probability's bucket edges (the top bucket holds 0)
-# AR steps in a row of an AR probe; AR's seconds are measured on an AR step after an AR step only.
-# The first AR step after tree steps runs slower than a run of AR steps does (measured on 2 cores,
-# Token Recycling at batch 4: 5.5 against 5.05-5.2 ms, the engine's own AR 5.0 ms; other shapes in
-# the matmuls and the cache just before): measured on it, AR looked 10-15% dearer than it runs,
-# and at batch 8 the plan drafted one node per step, 4-5% slower than AR.
-_AR_PROBE_STEPS = 2
-# A policy's first steps calibrate its costs as cheaply as a draft can: a one-node chain (one draft
-# depth at the narrowest width, verified) and an AR step, so that the draft, the verification at 1
-# and 2 tokens per slot, the commit's extra and what every step pays are measured before any
-# costlier learning is weighed. A full tree first (as the first explorations were) cost ~5 AR steps
-# where the drafter costs what the target does, and ~5% of a 72-step run at batch 16.
-CALIBRATE = 2
+
+
+@dataclass
+class GoodputConfig:
+    """Every constant of the goodput policy, one line each on why (the measurements behind each, and
+    how one is decided - a paired A/B kept only past the run-to-run spread: docs/design/goodput.md)."""
+
+    # learning: what is drafted beyond the plan, so that the cost fit and the value curves stay true
+    calibrate: int = 2              # first steps: a one-node chain, then AR, measure every cost term (a full tree: ~5 AR steps)
+    explore_rows: int = 6           # slot-trees per first exploration entry (one: 0.89-0.97x the CPU tree; 6: 0.94-1.01x)
+    reexplore: int = 32             # steps at least between re-explorations, which keep the fit and the curves current
+    explore_share: float = 0.01     # a re-exploration's extra cost, as a share of the steps between (0.02 ran 0.7-5% slower)
+    max_pause: int = 64             # steps at most between probes while AR is planned (the pause doubles up to it) ...
+    probe_share: float = 0.02       # ... or as many as make one probe this share of them (every 64: -10% at batch 16)
+    ar_probe_steps: int = 2         # AR steps of an AR probe, measured on the last (a first AR step runs 10-15% slower)
+    ar_probe_every: int = 64        # drafting steps at least between AR probes ...
+    ar_probe_share: float = 0.0025  # ... or as many as make what one loses to the plan this share (1 in 256: +2%)
+    # the floor: learning never costs more than a small share of AR's time
+    learn_share: float = 0.02       # learning may lose this share of AR's seconds for the tokens committed so far ...
+    learn_allowance: float = 4.0    # ... plus this many AR steps per engine (so that the first requests may calibrate at all)
+    optimism: float = 1.22          # a plan's value may still be V + optimism x cap / sqrt(slot-trees): Hoeffding's one-sided 95%
+    settle_accepted: float = 0.5    # accepted nodes per slot-tree below which a drafter is past hope (trained drafters: ~3)
+    # what learning remembers and what it costs per step
+    alpha: float = 0.03             # the value curves' forgetting per step (0.1: an argmax over noise; 0.03 ran +0.6-6.4%)
+    learn_every: int = 4            # an ordinary tree teaches the curves one step in this many (every tree: ~5% of a batch-2 run)
+    replan_every: int = 4           # steps a drafting plan is reused (planning every step: 1.6% of a batch-2 step)
 
 
 def _host(x) -> np.ndarray:
@@ -552,7 +566,7 @@ class GoodputPolicy:
     depth costs more than the few nodes a wider draft adds are worth (a CPU at batch 1; a confident
     drafter at batch 16, whose best few nodes are one chain), the narrower class wins.
 
-    The first two steps calibrate the costs cheaply (`CALIBRATE`: a one-node chain, an AR step);
+    The first two steps calibrate the costs cheaply (`calibrate`: a one-node chain, an AR step);
     then, while learning may run, the steps explore (the full tree, half and a quarter of the
     budget, then the full budget at each narrower width class; with several width classes, the
     list over again until each entry has taught `explore_rows` slot-trees) so that the
@@ -568,7 +582,7 @@ class GoodputPolicy:
     by the plan that said AR would verify none, and a proposer, whose acceptance is learnt from
     verified nodes only, would stay on the estimate of its first explorations (measured at batch 4:
     Token Recycling's first node at 1 accepted in 11 kept AR for a whole run where one node per
-    step ran 6% faster). Where drafts pay, an AR probe (`_AR_PROBE_STEPS` AR steps in a row, AR
+    step ran 6% faster). Where drafts pay, an AR probe (`ar_probe_steps` AR steps in a row, AR
     measured on the second) still comes after `ar_probe_every` drafting steps or more, so that
     AR's seconds are measured on ordinary AR steps rather than read off the trees' line: the gap
     grows until what a probe loses to the plan is `ar_probe_share` of the steps between (`_ar_gap`).
@@ -590,7 +604,7 @@ class GoodputPolicy:
     `explore_rows` slot-trees against the trees that teach them - as much as the repeated first
     explorations would have taught each entry, which then run once (the cost fit still needs every
     shape once); and the figures count as `explore_rows` slot-trees of their chain's accepted nodes
-    towards `SETTLE_ACCEPTED`, so a drafter whose own figures say it cannot pay settles on AR once
+    towards `settle_accepted`, so a drafter whose own figures say it cannot pay settles on AR once
     the plan is AR and the learning budget is spent, without trees of its own. Without figures (an
     untrained drafter, one saved before they were, a training-free proposer) the curves start from
     nothing, as before: the first explorations teach them, within the floor's learning budget.
@@ -600,28 +614,13 @@ class GoodputPolicy:
     ones learnt); `begin` drops what belonged to the last engine's step in flight, the stats add
     up over all of them."""
 
-    def __init__(self, budget: int, depth: int, reexplore: int = 32, max_pause: int = 64, alpha: float = 0.03,
-                 probe_share: float = 0.02, width: int | None = None, depth_scaled: bool = True,
-                 explore_share: float = 0.01, learn_every: int = 4,
-                 ar_probe_every: int = 64, replan_every: int = 4, ar_probe_share: float = 0.0025,
-                 explore_rows: int = 6, learn_share: float = 0.02, learn_allowance: float = 4.0,
-                 optimism: float = 1.22, prior: tuple[float, ...] | None = None):
-        # alpha: the value curves' forgetting per step (`_Curves.learn`). At 0.1 a curve rested on the
-        # last ~10 steps' trees (at batch 2, ~20 slot-trees; a deep curve, taught by explorations
-        # alone, on the last two or three of them) and the plan, an argmax over ~1,000 (class, depth,
-        # nodes), chose whichever estimate was high by chance. Measured on 2 cores, 3 policies per
-        # arm, paired against the fixed CPU tree (2026-12-06): 0.03 ran +3.2% / +4.2% (FOVEA, batch 2
-        # / 4), +0.6% / +0.8% / +6.4% / -0.3% (EAGLE-2-style, batch 1 / 2 / 8 / 16), -0.6% (Token
-        # Recycling, batch 8), and its policies spread less.
-        # explore_share: a re-exploration's extra cost over an ordinary step, as a share of the steps
-        # between two (`_schedule`). Measured with the forgetting above (2026-12-06, 3 policies per arm,
-        # paired against the CPU tree, the grid's 24 prompts x 96 new tokens): 0.01 against 0.02 ran
-        # +2.2% / +1.3% / +1.5% (EAGLE-2-style, batch 8 / 16 / 2), +0.7% (FOVEA, batch 4), +5.2%
-        # (Token Recycling, batch 8); at 48 x 128, +3.3% (EAGLE-2-style, batch 8), +0.2% (FOVEA, batch 2).
+    def __init__(self, budget: int, depth: int, width: int | None = None, depth_scaled: bool = True,
+                 prior: tuple[float, ...] | None = None, config: GoodputConfig | None = None):
+        self.cfg = cfg = GoodputConfig() if config is None else config
         self.cost = CostModel()
         self.acceptance = AcceptanceModel(max_nodes=0 if depth_scaled else budget)
         self.depth_scaled = depth_scaled
-        self.budget, self.depth, self.alpha = budget, depth, alpha
+        self.budget, self.depth = budget, depth
         self.width = width                     # None: the draft's width is not the policy's to choose
         self.draft_width = width               # this step's planned width
         self.draft_nodes: int | None = None    # this step's bound on a proposer's draft (None: the budget)
@@ -632,9 +631,9 @@ class GoodputPolicy:
         # where the policy, its narrowest class 3 wide, reached 1.24x)
         self.classes: list[int | None] = [None] if width is None else _halvings(width)
         prior_DM = prior_curves(prior, depth, budget) if prior else None
-        self.curves = [_Curves(budget, depth, alpha, depth_scaled, prior_DM, explore_rows) for _ in self.classes]
+        self.curves = [_Curves(budget, depth, cfg.alpha, depth_scaled, prior_DM, cfg.explore_rows) for _ in self.classes]
         # the figures' accepted nodes per slot-tree, as explore_rows slot-trees towards _hopeless
-        self._prior_trees = (explore_rows, explore_rows * prior_DM[-1, -1]) if prior_DM is not None else (0, 0.0)
+        self._prior_trees = (cfg.explore_rows, cfg.explore_rows * prior_DM[-1, -1]) if prior_DM is not None else (0, 0.0)
         self._class = self._plan_class = len(self.classes) - 1  # this step's width class, the last plan's
         # explorations: (node count, width class) - the full tree, half and a quarter of the budget
         # at the full width, then the whole budget at each narrower width
@@ -642,28 +641,19 @@ class GoodputPolicy:
         self.explore = [(budget, full), (max(1, budget // 2), full), (max(1, budget // 4), full)] + [
             (budget, c) for c in range(full)]
         # the first steps explore the list as many times over as give each entry `explore_rows`
-        # slot-trees (rounds fixed at the first plan, by its active slots): a width class's curves
-        # first rest on its explorations alone, and a class whose first tree came low was not drafted
-        # again. Measured on 2 cores at batch 2 (EAGLE-2-style, 4 policies per arm in one process, 3
-        # runs): one tree each 0.89-0.97x the fixed CPU tree, three each 0.94-1.01x (+4-5% a run);
-        # at batch 1, six rounds +6%; at batch 16 one round (16 slots) as good. One width class: once.
-        self.explore_rows = explore_rows
-        self._initial = CALIBRATE + len(self.explore)  # steps of calibration and first explorations (set at the first plan)
-        self.reexplore, self.max_pause, self.probe_share = reexplore, max_pause, probe_share
-        self.explore_share, self.learn_every = explore_share, learn_every
+        # slot-trees (rounds fixed at the first plan, by its active slots; one width class: once)
+        self._initial = cfg.calibrate + len(self.explore)  # steps of calibration and first explorations
         self.rate: float | None = None  # the planned step's expected tokens per second per active slot
         self._drafted, self._probe = 0, False  # drafting steps so far; whether this step is a probe
         self.step_s = 0.0                      # seconds of an ordinary step's draft + verify (EMA)
-        self._next_explore, self._cycle, self._due = reexplore, 1, None  # the next re-exploration
+        self._next_explore, self._cycle, self._due = cfg.reexplore, 1, None  # the next re-exploration
         n_N = np.arange(1, budget + 1, dtype=np.float64)  # the plan's grid: node counts, widths, depths
         self._grid = (n_N, [np.minimum(n_N, w) if w is not None else np.ones_like(n_N) for w in self.classes],
                       np.arange(1, depth + 1, dtype=np.float64)[:, None])
         self.steps, self.pause, self.idle = 0, 1, 0
         # the last plan: ((active slots, rows), step, (depth, nodes)) - reused until the value curves move
-        # or the slots change, an AR plan until then, a draft for `replan_every` steps (planning every
-        # step cost 0.23 ms, 1.6% of a batch-2 step on 2 cores, for a plan the cost fit moves little)
+        # or the slots change, an AR plan until then, a draft for `replan_every` steps
         self._planned: tuple[tuple[int, int], int, tuple[int, int]] | None = None
-        self.replan_every = replan_every
         self.chosen: list[int] = []            # node count per step (0: AR)
         self.depths: list[int] = []            # draft depth per step (0: none)
         self.widths: list[int] = []            # planned draft width per drafting step (width planned)
@@ -672,22 +662,12 @@ class GoodputPolicy:
         self._step = None  # the chosen tree's keys for observe (`choose`)
         self._drafted_nodes = 0  # nodes per slot the step's draft built (`choose`; 0 where it built none)
         self._plans, self._seconds = 0, (None, None)  # plans weighed so far; their seconds (_plan_seconds)
-        # drafting steps planned back to back take an AR probe (`_AR_PROBE_STEPS` AR steps) in `ar_probe_every`
+        # drafting steps planned back to back take an AR probe (`ar_probe_steps` AR steps) in `ar_probe_every`
         # or more (`_ar_gap`): AR's seconds stay measured on ordinary AR steps (`CostModel.ar_s`)
-        self.ar_probe_every, self._since_ar, self._ar_left = ar_probe_every, 0, 0  # (AR steps left of a probe)
+        self._since_ar, self._ar_left = 0, 0  # (AR steps left of a probe)
         self._prev_ar = False  # whether the last step verified no node (`observe`)
-        self.ar_probe_share, self._ar_probe_loss = ar_probe_share, 0.0  # (seconds a probe loses to the plan)
-        # the floor (`_may_learn`): explorations and probes run while what they lost to AR so far is at
-        # most learn_share of the seconds AR would have taken for every token committed so far, plus
-        # learn_allowance AR steps per engine - so a drafter that cannot pay costs at most about that
-        # share once the allowance is spent, and one that pays (its learning steps beat AR) is never held
-        self.learn_share, self.learn_allowance = learn_share, learn_allowance
-        # optimism: how far above its learnt value learning may still find a plan's (`may_pay`), in
-        # a slot-tree's yield range per 1 / sqrt(slot-trees seen) - Hoeffding's one-sided 95% bound.
-        # A drafter whose figures say its chain accepts ~0.37 per step (the QUICK demo's) and whose
-        # draft costs 0.66 of a target step can then not pay at any depth and learns nothing; one
-        # never measured (no figures, no trees) is weighed at full acceptance, as before.
-        self.optimism = optimism
+        self._ar_probe_loss = 0.0  # (seconds a probe loses to the plan)
+        # the floor (`_may_learn`): what learning lost to AR so far, against AR's seconds so far
         self.ar_time = 0.0     # seconds AR would have taken for the tokens committed so far
         self.learn_loss = 0.0  # seconds the learning steps took beyond AR's for their tokens (< 0: they gained)
         self.explorations, self.probes = 0, 0  # learning steps run
@@ -717,10 +697,10 @@ class GoodputPolicy:
         """This step's exploration index, or None."""
         if self.settled:
             return None
-        if self.steps < CALIBRATE:
+        if self.steps < self.cfg.calibrate:
             return None
         if self.steps < self._initial:
-            return (self.steps - CALIBRATE) % len(self.explore)
+            return (self.steps - self.cfg.calibrate) % len(self.explore)
         return self._due
 
     def plan(self, n_active: int, rows: int) -> int:
@@ -729,9 +709,9 @@ class GoodputPolicy:
             self.draft_width, self._probe, self.draft_nodes, self._drafted_nodes = self.width, False, None, 0
             self.depths.append(0)
             return 0
-        if self.steps == CALIBRATE and len(self.classes) > 1 and not self._prior_trees[0]:  # figures: one round
-            self._initial = CALIBRATE + len(self.explore) * max(1, math.ceil(self.explore_rows / max(n_active, 1)))
-        if self.steps < CALIBRATE:  # a one-node chain, then an AR step: every cost term measured, cheaply
+        if self.steps == self.cfg.calibrate and len(self.classes) > 1 and not self._prior_trees[0]:  # figures: one round
+            self._initial = self.cfg.calibrate + len(self.explore) * max(1, math.ceil(self.cfg.explore_rows / max(n_active, 1)))
+        if self.steps < self.cfg.calibrate:  # a one-node chain, then an AR step: every cost term measured, cheaply
             self.draft_width, self._probe, self._class = self.classes[0], False, 0
             self.draft_nodes, self._drafted_nodes = (1 if not self.depth_scaled else None), 0
             d = 1 if self.steps == 0 else 0
@@ -742,7 +722,7 @@ class GoodputPolicy:
         k = self._exploring()
         if k is not None and not self._may_learn(rows, *self.explore[k % len(self.explore)]):
             self._initial = min(self._initial, self.steps)  # the first explorations end here,
-            self._due, self._next_explore = None, self.steps + self.reexplore  # a re-exploration waits
+            self._due, self._next_explore = None, self.steps + self.cfg.reexplore  # a re-exploration waits
             k = None
         # a periodic re-exploration while AR is chosen would be a probe as well: the probe's
         # doubling pause decides when to look again
@@ -758,14 +738,14 @@ class GoodputPolicy:
         else:
             last = self._planned
             if last is not None and last[0] == (n_active, rows) and (
-                    last[2] == (0, 0) or self.steps - last[1] < self.replan_every):
+                    last[2] == (0, 0) or self.steps - last[1] < self.cfg.replan_every):
                 d, n = last[2]  # the last plan, while what it was weighed on has not moved but the cost fit:
             else:               # AR until the values move (the next probe's drafts move the fit again), a
                 d, n = self._best_plan(n_active, rows)  # draft for replan_every steps
                 self._planned = ((n_active, rows), self.steps, (d, n))
             planned_ar = d == 0
             if d > 0 and (self._ar_left or self._since_ar >= self._ar_gap()):  # what does an AR step cost now?
-                self._ar_left = self._ar_left - 1 if self._ar_left else _AR_PROBE_STEPS - 1
+                self._ar_left = self._ar_left - 1 if self._ar_left else self.cfg.ar_probe_steps - 1
                 d, n = 0, 0
             self._since_ar = self._since_ar + 1 if d > 0 else 0
             self.idle = self.idle + 1 if planned_ar else 0
@@ -796,7 +776,7 @@ class GoodputPolicy:
         measured with an untrained drafter at batch 16, 7% of AR's time lost to one such step.)"""
         t_ar = self.cost.ar_step_s(rows)
         loss = self.learn_loss + max(self._expected_loss(rows, nodes, cls), 0.0)
-        within = loss <= self.learn_share * self.ar_time + self.learn_allowance * t_ar
+        within = loss <= self.cfg.learn_share * self.ar_time + self.cfg.learn_allowance * t_ar
         return within and self.may_pay(rows)
 
     def _expected_loss(self, rows: int, nodes: int, cls: int) -> float:
@@ -817,16 +797,14 @@ class GoodputPolicy:
 
     def _hopeless(self, rows: int) -> bool:
         """Whether this drafter is past hope, so that the plan's AR may stand for good: no chain
-        could pay even accepted, or the trees verified so far had fewer than `SETTLE_ACCEPTED`
+        could pay even accepted, or the trees verified so far had fewer than `settle_accepted`
         nodes accepted per slot-tree (an untrained drafter: ~0). A drafter that pays somewhere
         accepts several per tree and is never settled: a plan that says AR after its first costly
         explorations (a large batch on a CPU) still probes later, as the learning budget allows."""
         if not self.may_pay(rows):
             return True
         rows_seen, accepted = self.tried_rows + self._prior_trees[0], self.accepted + self._prior_trees[1]
-        return rows_seen > 0 and accepted / rows_seen < self.SETTLE_ACCEPTED
-
-    SETTLE_ACCEPTED = 0.5  # accepted nodes per slot-tree below which a drafter is past hope (trained: ~3)
+        return rows_seen > 0 and accepted / rows_seen < self.cfg.settle_accepted
 
     def may_pay(self, rows: int) -> bool:
         """Whether some plan could still beat an AR step at the acceptance learning may yet reveal:
@@ -843,8 +821,8 @@ class GoodputPolicy:
         between (measured on 2 cores at batch 2, where the plan ran 1.9x AR: a probe in 64 steps
         cost ~1%, one in 256 ran 2% faster against the fixed CPU tree)."""
         if self.step_s <= 0 or self._ar_probe_loss <= 0:
-            return self.ar_probe_every
-        return max(self.ar_probe_every, math.ceil(self._ar_probe_loss / (self.ar_probe_share * self.step_s)))
+            return self.cfg.ar_probe_every
+        return max(self.cfg.ar_probe_every, math.ceil(self._ar_probe_loss / (self.cfg.ar_probe_share * self.step_s)))
 
     def _width(self, n: int) -> int | None:
         """The draft width of this step's class that holds its best n nodes (None: not planned)."""
@@ -859,8 +837,8 @@ class GoodputPolicy:
                  else self.cost.proposer_draft_s(self.budget))
         probe = draft + self.cost.commit_extra() + self.cost.verify_s(rows * self.cost.run_tokens(1 + self.budget))
         if ar <= 0:
-            return self.max_pause
-        return max(self.max_pause, math.ceil(probe / (self.probe_share * ar)))
+            return self.cfg.max_pause
+        return max(self.cfg.max_pause, math.ceil(probe / (self.cfg.probe_share * ar)))
 
     def _best_plan(self, n_active: int, rows: int) -> tuple[int, int]:
         """(draft depth, expected node count) of the highest expected rate; (0, 0): AR. Every (d, N)
@@ -872,7 +850,7 @@ class GoodputPolicy:
         best = float(rate_CDN.flat[k])
         self.rate = max(best, ar_rate)  # per active slot
         self._plans += 1
-        self._ar_probe_loss = _AR_PROBE_STEPS * t_ar * (1 - ar_rate / best) if best > ar_rate else 0.0
+        self._ar_probe_loss = self.cfg.ar_probe_steps * t_ar * (1 - ar_rate / best) if best > ar_rate else 0.0
         self._plan_class, k = divmod(k, rate_CDN.shape[1] * self.budget)
         if not best > ar_rate:
             return 0, 0
@@ -890,7 +868,7 @@ class GoodputPolicy:
         rate_CDN = []
         worth_K = self._worth()
         for curves, w_N in zip(self.curves, w_CN):  # narrow classes first: ties go to the narrower draft
-            V_DN = curves.V_upper(worth_K, self.optimism) if upper else curves.V(worth_K)
+            V_DN = curves.V_upper(worth_K, self.cfg.optimism) if upper else curves.V(worth_K)
             if V_DN is None:
                 rate_CDN.append(np.full((self.depth if self.depth_scaled else 1, self.budget), -math.inf))
                 continue
@@ -924,18 +902,18 @@ class GoodputPolicy:
         # learning from every tree made the policy ~5% of a batch-2 run on a CPU: every explored or
         # probing tree teaches, and one ordinary tree in learn_every (with the same memory in steps)
         learn = (k is not None or self._probe or not self.curves[-1].knows(self.depth)
-                 or self._drafted % self.learn_every == 0)
+                 or self._drafted % self.cfg.learn_every == 0)
         if learn:  # a scored tree's curves learn its nodes' buckets (weighed at plan time), a proposer's its p's
             drafted = self.depths[-1] if self.depths else self.depth
             if scored:
                 x_BN = np.where(real_BN, key_BN, -1)
-                self.curves[self._class].learn(x_BN, depth_BN, active, drafted, narrowed, self.learn_every, _BUCKETS)
+                self.curves[self._class].learn(x_BN, depth_BN, active, drafted, narrowed, self.cfg.learn_every, _BUCKETS)
             else:
-                self.curves[self._class].learn(p_BN, depth_BN, active, drafted, narrowed, self.learn_every)
+                self.curves[self._class].learn(p_BN, depth_BN, active, drafted, narrowed, self.cfg.learn_every)
             self._planned = None  # the values moved: the plan is weighed again
         # a probe verifies as the full exploration (by the AR plan it would verify no node, and a
         # proposer's acceptance would never be taught again)
-        if self.steps < CALIBRATE:  # the calibrating chain: its one node
+        if self.steps < self.cfg.calibrate:  # the calibrating chain: its one node
             n = min(1, tree.size)
         elif k is not None or self._probe or not self.cost.ready:
             n = min(self.explore[(k or 0) % len(self.explore)][0], tree.size)
@@ -958,7 +936,7 @@ class GoodputPolicy:
         (`step_seconds`), weighed once per plan and at most `replan_every` steps apart (an AR plan
         lasts until a probe): the cost fit moves little in so few steps, and each weighing cost ~0.1
         ms a step inside a batch-2 run on 2 cores, ~0.7% of it."""
-        key = (self._plans, self.steps // self.replan_every, rows, n_active)
+        key = (self._plans, self.steps // self.cfg.replan_every, rows, n_active)
         if self._seconds[0] != key or len(self._seconds[1]) <= n_max:
             self._seconds = (key, self.rate * n_active * step_seconds(self.cost, rows, max(n_max, self.budget)))
         return self._seconds[1][: n_max + 1]
@@ -975,7 +953,7 @@ class GoodputPolicy:
             self.chosen.append(0)
             self.ar_time += self._settled_ar_s
             return
-        exploring = self._exploring() is not None or self.steps < CALIBRATE  # (calibrating counts as one)
+        exploring = self._exploring() is not None or self.steps < self.cfg.calibrate  # (calibrating counts as one)
         active = _host(active_B).astype(bool)
         n_active, t_ar = int(active.sum()), self.cost.ar_step_s(rows)
         ar_s = (n_active + int(_host(n_B)[active].sum())) * t_ar / max(n_active, 1)  # AR's seconds for its tokens
@@ -991,7 +969,7 @@ class GoodputPolicy:
         if draft_depth == 0:
             self.chosen.append(0)
         self.cost.observe(rows * (1 + tree.size), verify_s)
-        if tree.size == 0 and self._prev_ar:  # AR's seconds in a run of AR steps (`_AR_PROBE_STEPS`)
+        if tree.size == 0 and self._prev_ar:  # AR's seconds in a run of AR steps (`ar_probe_steps`)
             self.cost.observe_ar(rows, verify_s)
         self._prev_ar = tree.size == 0
         self.cost.observe_draft(draft_depth, draft_s, rows * draft_width)
@@ -1024,8 +1002,8 @@ class GoodputPolicy:
             self.step_s = seconds if self.step_s == 0 else 0.9 * self.step_s + 0.1 * seconds
         elif self.steps >= self._initial:
             extra = max(seconds - self.step_s, 0.0)
-            gap = math.ceil(extra / (self.explore_share * self.step_s)) if self.step_s > 0 else 0
-            self._next_explore, self._due = self.steps + max(self.reexplore, gap), None
+            gap = math.ceil(extra / (self.cfg.explore_share * self.step_s)) if self.step_s > 0 else 0
+            self._next_explore, self._due = self.steps + max(self.cfg.reexplore, gap), None
         if self._due is None and self.steps + 1 >= self._next_explore:
             self._due, self._cycle = self._cycle % len(self.explore), self._cycle + 1
 

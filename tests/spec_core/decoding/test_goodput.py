@@ -10,22 +10,25 @@ import numpy as np
 import pytest
 import torch
 
-from spec_core.decoding.goodput import (CALIBRATE, AcceptanceModel, CostModel, GoodputPolicy, LineFit, _host,
+from spec_core.decoding.goodput import (AcceptanceModel, CostModel, GoodputConfig, GoodputPolicy, LineFit, _host,
                                        choose_nodes, could_pay, prior_curves, step_seconds)
+
 from spec_core.targets.saved import save_acceptance
+
+CALIBRATE = GoodputConfig().calibrate
 
 
 def _calibrated(pol: GoodputPolicy) -> GoodputPolicy:
     """A policy past its calibrating steps (a one-node chain, an AR step), driven by hand below,
     whose explorations may all run (the learning budget and `may_pay` set aside until `_bounded`)."""
     pol.steps = CALIBRATE
-    pol.learn_allowance, pol.may_pay = 1e9, lambda rows: True
+    pol.cfg.learn_allowance, pol.may_pay = 1e9, lambda rows: True
     return pol
 
 
 def _bounded(pol: GoodputPolicy) -> GoodputPolicy:
     """`_calibrated`'s policy with its learning bounded again."""
-    pol.learn_allowance = GoodputPolicy(1, 1).learn_allowance
+    pol.cfg.learn_allowance = GoodputConfig().learn_allowance
     del pol.may_pay
     return pol
 
@@ -237,7 +240,7 @@ def test_probes_where_no_draft_pays_cost_a_bounded_share_of_ar_time():
     assert 0 < len(probes) <= math.log2(limit) + 2 + 4000 / limit
     assert all(b - a >= 64 for a, b in zip(probes[6:], probes[7:]))  # pauses past max_pause's 64
     cheap = _trained_policy(0.01, 0.0001, per_depth=1e-6)
-    assert cheap.pause_limit(1) == cheap.max_pause  # a cheap probe: the usual 64
+    assert cheap.pause_limit(1) == cheap.cfg.max_pause  # a cheap probe: the usual 64
 
 
 def _paths(tree, b: int) -> set[tuple[int, ...]]:
@@ -278,7 +281,7 @@ def test_plan_narrows_the_draft_to_the_nodes_it_expects_and_a_narrowed_tree_teac
     assert d == 3 and pol.draft_width == min(w, n) and pol.widths[-1] == pol.draft_width
     before = {dd: list(v) for dd, v in enumerate(pol.value) if v is not None}
     pol._class = len(pol.classes) - 1  # a full-width plan's tree ...
-    pol.draft_width, pol.learn_every = 2, 1  # ... drafted 2 wide: its 3rd..6th best nodes are not the full tree's
+    pol.draft_width, pol.cfg.learn_every = 2, 1  # ... drafted 2 wide: its 3rd..6th best nodes are not the full tree's
     tree = _confident_tree()
     tree.score_BN = tree.score_BN - 1.0  # less confident than the trees the curves were learnt on
     pol.choose(tree, torch.tensor([True]), 1)
@@ -482,7 +485,7 @@ def test_ordinary_steps_teach_one_tree_in_learn_every_explorations_every_one():
         pol.choose(tree, torch.tensor([True]), 1)
         moved.append([list(v) for v in pol.value[1:]] != before)
         pol.steps += 1
-    assert sum(moved) == 8 // pol.learn_every
+    assert sum(moved) == 8 // pol.cfg.learn_every
     pol._due = 0  # a re-exploration: it always teaches
     before = [list(v) for v in pol.value[1:]]
     pol.choose(tree, torch.tensor([True]), 1)
@@ -685,8 +688,8 @@ def test_the_first_trees_of_a_curve_are_averaged_then_forgotten_at_the_learning_
     """A curve's first trees weigh alike (a running mean: the first tree is not kept whole until
     forgetting catches up, which left a slowly learning plan on whatever the warm-up's first states
     were worth); past 1 / a trees, each new one weighs a."""
-    pol = GoodputPolicy(budget=1, depth=1, alpha=0.2)
-    pol.learn_every = 1
+    pol = GoodputPolicy(budget=1, depth=1, config=GoodputConfig(alpha=0.2))
+    pol.cfg.learn_every = 1
     confs = [0.95, 0.15, 0.55, 0.95, 0.15, 0.55, 0.95, 0.15]
     p_K = pol.acceptance.bucket_p()
     expected = 0.0
@@ -708,13 +711,13 @@ def test_drafting_back_to_back_takes_an_ar_probe_in_ar_probe_every():
     exploring - and only the second, an AR step after an AR step, is an AR measurement
     (`CostModel.ar_s`): the first after tree steps runs slower too (5.5 against 5.05-5.2 ms)."""
     pol = _trained_policy(0.01, 0.0001, per_depth=0.0001)
-    pol.ar_probe_every = 8
+    pol.cfg.ar_probe_every = 8
     plans = [pol.plan(1, 1) for _ in range(45)]
     assert [i for i, d in enumerate(plans) if d == 0] == [8, 9, 18, 19, 28, 29, 38, 39]
     pol = _trained_policy(0.01, 0.0001, per_depth=0.0001)
-    pol.ar_probe_every = 10**9  # no probes: the plan drafts every step
+    pol.cfg.ar_probe_every = 10**9  # no probes: the plan drafts every step
     assert 0 not in [pol.plan(1, 1) for _ in range(45)]
-    pol = GoodputPolicy(budget=6, depth=3, ar_probe_every=1)  # exploring: every step drafts
+    pol = GoodputPolicy(budget=6, depth=3, config=GoodputConfig(ar_probe_every=1))  # exploring: every step drafts
     assert 0 not in [pol.plan(1, 1) for _ in range(3)] and pol._since_ar == 0
 
 
@@ -736,15 +739,15 @@ def test_ar_probes_are_further_apart_the_more_a_probe_loses_to_the_plan():
     gap between probes makes that `ar_probe_share` of the ordinary steps between, never under
     `ar_probe_every`."""
     pol = _trained_policy(0.01, 0.0001, per_depth=0.0001)
-    pol.ar_probe_every, pol.step_s = 8, 0.012
+    pol.cfg.ar_probe_every, pol.step_s = 8, 0.012
     assert pol.plan(1, 1) > 0
     t_ar = pol.cost.ar_s(1)
     loss = 2 * t_ar * (1 - (1 / t_ar) / pol.rate)  # two AR steps; n_active = 1: the rate is the plan's
-    gap = math.ceil(loss / (pol.ar_probe_share * pol.step_s))
+    gap = math.ceil(loss / (pol.cfg.ar_probe_share * pol.step_s))
     assert gap > 8
     plans = [pol.plan(1, 1) for _ in range(2 * gap + 4)]
     assert [i for i, d in enumerate(plans) if d == 0] == [gap - 1, gap, 2 * gap + 1, 2 * gap + 2]
-    pol.ar_probe_share = 1.0  # a probe loses little next to the steps between: every ar_probe_every
+    pol.cfg.ar_probe_share = 1.0  # a probe loses little next to the steps between: every ar_probe_every
     assert pol._ar_gap() == 8
 
 
@@ -826,9 +829,9 @@ def test_where_nothing_pays_learning_costs_a_bounded_share_of_ar_time(per_depth)
     seconds, tokens = _simulate(pol, 3000, verify, per_depth, accepted=False)
     t_ar = verify(1)
     assert tokens == 3000  # nothing accepted: AR's seconds for them are 3000 AR steps
-    assert seconds <= 3000 * t_ar * (1 + pol.learn_share) + (pol.learn_allowance + 3) * t_ar  # + one step's overshoot
-    assert pol.learn_loss <= pol.learn_share * pol.ar_time + (pol.learn_allowance + 3) * t_ar
-    assert pol.depths[-1000:].count(0) >= 1000 * (1 - pol.learn_share) - 10  # AR, probes rare
+    assert seconds <= 3000 * t_ar * (1 + pol.cfg.learn_share) + (pol.cfg.learn_allowance + 3) * t_ar  # + one step's overshoot
+    assert pol.learn_loss <= pol.cfg.learn_share * pol.ar_time + (pol.cfg.learn_allowance + 3) * t_ar
+    assert pol.depths[-1000:].count(0) >= 1000 * (1 - pol.cfg.learn_share) - 10  # AR, probes rare
     if per_depth >= 0.01:
         assert not pol.may_pay(1) and pol.explorations + pol.probes == 2
         assert pol.depths[2:] == [0] * 2998
@@ -882,7 +885,7 @@ def test_a_learning_step_that_costs_more_than_the_allowance_waits_for_the_share(
     seconds = step_seconds(pol.cost, 1, 12)
     n = max(i for i in range(13) if (1 + min(i, 12)) * t_ar >= seconds[i])  # the most nodes that could pay
     assert pol._expected_loss(1, 12, 0) == pytest.approx(12 * 0.004 + seconds[n] - t_ar)
-    assert pol._expected_loss(1, 12, 0) > pol.learn_allowance * t_ar and pol.may_pay(1)
+    assert pol._expected_loss(1, 12, 0) > pol.cfg.learn_allowance * t_ar and pol.may_pay(1)
     assert not pol._may_learn(1, 12, 0)
     pol.ar_time = 1e3  # AR's seconds so far: 2% of them cover it
     assert pol._may_learn(1, 12, 0)
@@ -910,7 +913,7 @@ def test_where_drafts_pay_learning_is_never_held():
     pol = GoodputPolicy(budget=6, depth=3)
     seconds, tokens = _simulate(pol, 2000, lambda t: 0.01 + 0.0001 * t, 0.0001, accepted=True)
     assert pol.learn_loss < 0 and tokens / seconds > 2 / 0.0101
-    assert pol.explorations >= len(pol.explore) + 2000 // (2 * pol.reexplore)
+    assert pol.explorations >= len(pol.explore) + 2000 // (2 * pol.cfg.reexplore)
 
 
 def test_a_policy_settled_on_ar_retires_the_drafter_and_outputs_stay_ar(tiny_world):
@@ -976,7 +979,7 @@ def test_a_drafter_with_figures_plans_on_them_after_one_round_of_explorations():
     tree = _confident_tree()
     full.learn(np.full((1, 6), 0.5), _host(tree.depth_BN), np.array([True]), 3)  # one slot-tree of p's 0.5
     learnt = np.cumsum(np.concatenate([[0.0], np.full(6, 0.5)]))
-    W = pol.explore_rows
+    W = pol.cfg.explore_rows
     assert full.value(np.ones(1))[3] == pytest.approx(((learnt + W * prior[2]) / (1 + W)).tolist())
 
 
@@ -1046,7 +1049,7 @@ def test_engines_that_share_a_policy_start_from_what_the_first_learnt(tiny_world
     first = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=tree)
     pol = first.policy
     pol.may_pay = lambda rows: True  # learning may run, whatever this machine's timings
-    pol.learn_allowance = 1e9
+    pol.cfg.learn_allowance = 1e9
     assert {r.key: r.sequences[0].tolist() for r in first.generate(reqs)} == ar
     learnt = pol.stats()
     assert pol.steps >= pol._initial == CALIBRATE + 3 * len(pol.explore) <= learnt["explorations"]  # the flat start
@@ -1054,7 +1057,7 @@ def test_engines_that_share_a_policy_start_from_what_the_first_learnt(tiny_world
     assert second.policy is pol
     assert {r.key: r.sequences[0].tolist() for r in second.generate(reqs)} == ar
     steps = pol.steps - learnt["steps"]
-    assert steps > pol.reexplore and pol.explorations - learnt["explorations"] <= 1 + steps // pol.reexplore
+    assert steps > pol.cfg.reexplore and pol.explorations - learnt["explorations"] <= 1 + steps // pol.cfg.reexplore
 
     pol.may_pay = lambda rows: False  # now nothing can pay: the plan settles on AR
     pol._best_plan = lambda n_active, rows: (0, 0)
