@@ -1061,6 +1061,7 @@ def test_engines_that_share_a_policy_start_from_what_the_first_learnt(tiny_world
 
     pol.may_pay = lambda rows: False  # now nothing can pay: the plan settles on AR
     pol._best_plan = lambda n_active, rows: (0, 0)
+    pol._planned = None  # (the plan, and what learning was weighed on with it, are weighed again)
     list(second.generate(reqs[:2]))
     assert pol.settled
     third = DecodeEngine(adapter, drafter, batch_size=2, capacity=512, tree=tree, policy=pol)
